@@ -1,0 +1,1 @@
+"""rlcore: RL post-training for LLMs in pure PyTorch (FSDP2 training + colocated vLLM rollout)."""

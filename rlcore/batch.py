@@ -1,0 +1,56 @@
+"""The rollout batch: one dataclass of tensors that every stage of a step reads and fills.
+
+Layout (one rank's share of a step, B sequences):
+    input_ids       [B, L]  prompt + response, right-padded with the pad id
+    attention_mask  [B, L]  1 on real tokens
+    loss_mask       [B, T]  T = L - 1; position t scores token input_ids[:, t + 1],
+                            1 where that token is a response token
+    rollout_logprobs[B, T]  log p(token) seen by the inference engine while sampling
+    old_logprobs    [B, T]  the trainer's log p(token) before this step's update
+    ref_logprobs    [B, T]  the frozen reference model's log p(token) (None without one)
+    rewards         [B]     scalar reward per sequence
+    advantages      [B, T]  per-token advantage, written by the algorithm
+
+Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    rollout_logprobs: torch.Tensor
+    rewards: torch.Tensor
+    group_size: int
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def rows(self, start: int, stop: int) -> "Batch":
+        """Rows [start, stop) of every tensor field, e.g. one micro-batch."""
+        fields = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            fields[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
+        return Batch(**fields)
+
+
+@dataclass
+class Normaliser:
+    """Global counts over one optimizer step: summed over every micro-batch and every rank.
+
+    Losses divide by these, never by a micro-batch's own count, so the gradient does not depend on
+    how the batch was split (see rlcore.objectives.aggregate)."""
+    tokens: float  # response tokens (sum of loss_mask)
+    sequences: float  # sequences with at least one response token
+    max_len: int = 0  # generation budget (rollout.max_new_tokens): seq-mean-token-sum-norm's fixed divisor

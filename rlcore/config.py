@@ -1,0 +1,100 @@
+"""The run configuration: typed dataclasses, every field documented where it is declared.
+
+A recipe (recipes/NAME.py) is a function `config() -> Config`. Command-line `key=value` overrides are
+applied to it by rlcore.cli, by the runtime type of each field.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""  # HF hub id or local folder of a transformers causal LM (actor init and vLLM engine)
+    dtype: str = "float32"  # master weights and optimizer state: float32 | bfloat16
+    mixed_precision: str = "none"  # FSDP2 compute dtype: none | bfloat16 (GPU); reductions stay fp32
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (saves memory, GPU)
+    attn_implementation: str = "sdpa"  # transformers attention kernel for the trainer: sdpa | eager
+
+
+@dataclass
+class DataConfig:
+    path: str = ""  # hub dataset id, or a local .json / .jsonl / .parquet file of prompts
+    split: str = "train"  # split to read (hub datasets)
+    name: str = ""  # hub dataset config name, e.g. "main" for gsm8k; "" for none
+    prompt_column: str = "prompt"  # column holding the prompt text
+    chat_template: bool = False  # wrap each prompt as a user turn with the tokenizer's chat template
+    system_prompt: str = ""  # optional system turn when chat_template is on
+    eval_path: str = ""  # held-out prompts for eval/accuracy (same forms as path); "" disables eval
+    eval_split: str = "test"  # split of eval_path to read (hub datasets)
+    eval_size: int = 0  # use the first N held-out prompts; 0 = all
+    max_prompt_tokens: int = 256  # longer prompts are dropped (counted in the log) before training
+    num_workers: int = 0  # dataloader worker processes
+
+
+@dataclass
+class RolloutConfig:
+    tensor_parallel: int = 1  # k: ranks per vLLM engine; engines are contiguous blocks of k ranks
+    group_size: int = 8  # responses sampled per prompt
+    prompts_per_step: int = 16  # prompts per training step, over all ranks (divisible by world size)
+    max_new_tokens: int = 32  # response length cap, tokens
+    temperature: float = 1.0  # sampling temperature (logprobs are taken after it)
+    max_model_len: int = 0  # engine context, tokens; 0 = max_prompt_tokens + max_new_tokens
+    gpu_memory_utilization: float = 0.35  # fraction of GPU memory the engine may take (CUDA only)
+    cpu_kv_cache_gb: float = 1.0  # KV-cache size per engine on CPU, GiB
+    sleep_while_training: bool = True  # CUDA: free engine weights + KV cache during training
+    logprob_diff_threshold: float = 1e-3  # stop the run if max |vLLM - trainer| logprob exceeds this
+    eval_max_new_tokens: int = 0  # greedy eval response cap, tokens; 0 = max_new_tokens
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6  # peak learning rate
+    weight_decay: float = 0.0  # AdamW decoupled weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    eps: float = 1e-8  # AdamW epsilon
+    warmup_steps: int = 0  # optimizer steps of linear warmup from 0 to lr
+    schedule: str = "constant"  # after warmup: constant | linear | cosine (decay to min_lr_ratio * lr)
+    min_lr_ratio: float = 0.0  # floor of the decay, as a fraction of lr
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this; 0 disables clipping
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # RL steps (rollout + update + sync)
+    epochs_per_step: int = 1  # passes over each rollout batch (PPO epochs)
+    mini_batches: int = 1  # optimizer steps per pass; each sees 1/mini_batches of the batch
+    micro_batch_size: int = 8  # sequences per forward/backward on one rank
+    eval_every: int = 10  # steps between held-out evals (also before the first and after the last step)
+    log_every: int = 1  # steps between progress lines
+
+
+@dataclass
+class RewardSpec:
+    fn: Any = ""  # a callable, or "module:function" / "path/to/file.py:function"
+    weight: float = 1.0  # weight of this reward in the weighted sum
+
+
+@dataclass
+class Config:
+    name: str = "run"  # run name: outputs go to <output_dir>/<name>/
+    output_dir: str = "runs"  # parent folder of run directories
+    seed: int = 0  # run seed: model init, data order and every rollout seed derive from it
+    prepare: str = ""  # optional "module:function" run once on rank 0 before loading (builds local assets)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
+    algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
+
+
+# An algorithm is any object with this shape; rlcore never imports a specific one.
+#   validate(cfg: Config) -> None             raise ValueError naming the bad field
+#   needs_reference: bool                     build the frozen reference model?
+#   advantages(batch: Batch) -> Tensor [B, T] per-token advantages
+#   loss(batch, logprobs, norm) -> (loss, metrics)   see rlcore.algorithms.grpo for the contract
+Algorithm = Any
+RewardFn = Callable[..., list[float]]

@@ -1,0 +1,85 @@
+"""Prompts: a `datasets` Dataset, tokenized once, dealt to rollout groups by a StatefulDataLoader.
+
+Every rank of a rollout group (one vLLM engine) reads the same prompts: the sampler shards by group
+index, not by rank. Other columns (e.g. `answer`) travel with each prompt to the reward functions.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import datasets
+from torch.utils.data import DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from rlcore.config import DataConfig
+
+FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def load_table(path: str, split: str, name: str, field: str) -> datasets.Dataset:
+    """A local .json/.jsonl/.parquet file, or a hub dataset id (`field` names the config key in errors)."""
+    suffix = Path(path).suffix.lower()
+    if os.path.exists(path):
+        if suffix not in FILE_TYPES:
+            raise ValueError(f"{field} '{path}' has an unsupported type '{suffix}'; "
+                             f"expected one of {', '.join(FILE_TYPES)} or a hub dataset id")
+        return datasets.load_dataset(FILE_TYPES[suffix], data_files=path, split="train")
+    if suffix in FILE_TYPES or path.startswith(("/", ".", "~")) or not path:
+        raise ValueError(f"{field} '{path}' does not exist (expected a .json/.jsonl/.parquet file or a hub id)")
+    try:
+        return datasets.load_dataset(path, name or None, split=split)
+    except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"{field} '{path}' could not be loaded as a hub dataset: {first}") from None
+
+
+def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field: str) -> datasets.Dataset:
+    if cfg.prompt_column not in table.column_names:
+        raise ValueError(f"data.prompt_column '{cfg.prompt_column}' is not a column of {field} "
+                         f"(columns: {', '.join(table.column_names)})")
+
+    def encode(row):
+        text = row[cfg.prompt_column]
+        if cfg.chat_template:
+            turns = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
+            turns.append({"role": "user", "content": text})
+            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+        else:
+            ids = tokenizer(text).input_ids
+        return {"prompt_ids": list(ids)}
+
+    table = table.map(encode, keep_in_memory=True)
+    return table.filter(lambda row: len(row["prompt_ids"]) <= cfg.max_prompt_tokens, keep_in_memory=True)
+
+
+class PromptStream:
+    """Endless batches of this rollout group's prompts; a new shuffle every epoch."""
+
+    def __init__(self, table: datasets.Dataset, batch_size: int, groups: int, group: int, seed: int,
+                 num_workers: int = 0):
+        if len(table) < batch_size * groups:
+            raise ValueError(f"data.path has {len(table)} usable prompts, fewer than one step needs "
+                             f"({batch_size * groups} = rollout.prompts_per_step)")
+        self.sampler = DistributedSampler(table, num_replicas=groups, rank=group, shuffle=True, seed=seed,
+                                          drop_last=True)
+        self.loader = StatefulDataLoader(table, batch_size=batch_size, sampler=self.sampler, drop_last=True,
+                                         collate_fn=list, num_workers=num_workers)
+        self.epoch = 0
+        self._it: Iterator | None = None
+
+    def next_batch(self) -> list[dict]:
+        while True:
+            if self._it is None:
+                self.sampler.set_epoch(self.epoch)
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self.epoch += 1
+                self._it = None
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "loader": self.loader.state_dict()}

@@ -1,0 +1,72 @@
+"""Rank-0 run logging: TensorBoard events, metrics.jsonl (one object per step) and a progress bar."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+# Keys every training step logs (tests check this list).
+STEP_KEYS = (
+    "reward/mean", "reward/std", "response/length_mean", "policy/kl", "policy/entropy",
+    "policy/clip_frac", "policy/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
+    "time/generate_s", "time/reward_s", "time/logprobs_s", "time/train_s", "time/sync_s", "time/step_s",
+    "throughput/generate_tok_s", "memory/peak_gb",
+)
+# The short progress line shows these.
+PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/kl", "kl"),
+                 ("rollout/logprob_diff_max", "lp_diff"), ("time/step_s", "s"))
+
+
+def peak_memory_gb() -> float:
+    """Peak GPU memory allocated, or peak resident memory of this process on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(run_dir / "metrics.jsonl", "w")  # a run starts its log anew
+        self.tb = SummaryWriter(str(run_dir / "tb"))
+        self.bar = tqdm(total=total_steps, desc="rlcore", unit="step", dynamic_ncols=True)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        for key, value in metrics.items():
+            self.tb.add_scalar(key, value, step)
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        shown = [f"{short}={metrics[k]:.4g}" for k, short in PROGRESS_KEYS if k in metrics]
+        self.bar.write(f"step {step}: " + " ".join(shown))
+        if "time/step_s" in metrics:
+            self.bar.update(1)
+
+    def print(self, line: str) -> None:
+        if self.enabled:
+            self.bar.write(line)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.bar.close()
+            self.tb.close()
+            self.jsonl.close()
+
+
+def finite(metrics: dict[str, float]) -> bool:
+    return all(math.isfinite(v) for v in metrics.values())
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))

@@ -1,0 +1,130 @@
+"""Rollout: the colocated vLLM engine, and the weight sync that reshards FSDP2 into it.
+
+This is the only module that touches vLLM. Each block of `k` consecutive ranks runs one engine with
+tensor parallelism k (vLLM's external launcher: in-process, no Ray, no extra processes). All ranks
+of a block pass identical prompts, sampling parameters and seeds, and get identical outputs.
+
+Weight sync (after every optimizer step): for each FSDP2 unit (one decoder layer, then the root
+with embeddings, final norm and head) all-gather the unit's shards, stream its tensors under their
+HF checkpoint names into vLLM's in-place `reload_weights`, and release them before the next unit.
+Each engine rank cuts its own tensor-parallel slice. Peak extra memory: one unit, never the model.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.distributed.fsdp import FSDPModule
+
+from rlcore.config import Config
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]  # response tokens, eos included when it was sampled
+    logprobs: list[float]  # log p of each response token at the sampling temperature
+
+
+@dataclass
+class SyncStats:
+    seconds: float
+    bytes: int  # total bytes streamed into the engine
+    peak_bucket_bytes: int  # largest unit held at once (the extra memory the sync needs)
+
+
+class RolloutEngine:
+    def __init__(self, cfg: Config, max_model_len: int):
+        from vllm import LLM
+
+        self.cuda = torch.cuda.is_available()
+        dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
+        self.sleep_mode = self.cuda and cfg.rollout.sleep_while_training
+        self.llm = LLM(
+            model=cfg.model.path,
+            tensor_parallel_size=cfg.rollout.tensor_parallel,
+            distributed_executor_backend="external_launcher",
+            dtype=dtype,
+            seed=cfg.seed,
+            max_model_len=max_model_len,
+            # Logprobs after temperature, so the trainer can recompute exactly the sampled distribution.
+            logprobs_mode="processed_logprobs",
+            enforce_eager=not self.cuda,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            # CPU: an explicit KV-cache budget (on CUDA the utilisation fraction decides).
+            kv_cache_memory_bytes=None if self.cuda else int(cfg.rollout.cpu_kv_cache_gb * 2**30),
+            enable_sleep_mode=self.sleep_mode,
+        )
+
+    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
+                 seeds: list[int]) -> list[list[Sample]]:
+        """n samples per prompt; sample j of a prompt with seed s is drawn with seed s + j (vLLM)."""
+        from vllm import SamplingParams
+
+        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                 logprobs=0, seed=s) for s in seeds]
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [[Sample(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+                 for c in out.outputs] for out in outs]
+
+    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(out.outputs[0].token_ids) for out in outs]
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], seq[1:])]
+                for out, seq in zip(outs, sequences)]
+
+    def sleep(self) -> None:
+        """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""
+        if self.sleep_mode:
+            self.llm.sleep(level=2)
+
+    def sync_weights(self, model: torch.nn.Module) -> SyncStats:
+        """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring)."""
+        t0 = time.perf_counter()
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        stats = SyncStats(0.0, 0, 0)
+        weights = stream_full_weights(model, stats)
+        self.llm.collective_rpc("reload_weights",
+                                kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        # Cached prefixes hold KV computed with the old weights.
+        self.llm.reset_prefix_cache()
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+
+def stream_full_weights(model: torch.nn.Module, stats: SyncStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, full tensor) one FSDP2 unit at a time; a collective, so every rank iterates it.
+
+    `unshard()` all-gathers a unit's parameters in one collective (in the compute dtype under mixed
+    precision); `reshard()` frees them before the next unit is gathered."""
+    units = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
+    child_prefixes = tuple(f"{name}." for name, _ in units if name)
+    for name, unit in units:
+        unit.unshard()
+        bucket = 0
+        for pname, p in unit.named_parameters():
+            full_name = f"{name}.{pname}" if name else pname
+            if not name and full_name.startswith(child_prefixes):
+                continue  # belongs to a nested unit, streamed with it
+            bucket += p.numel() * p.element_size()
+            # A copy: vLLM may hold a tensor until its layer is complete (padded vocab layers wait
+            # until the end), while reshard() below frees the gathered storage.
+            yield full_name, p.detach().clone()
+        if stats is not None:
+            stats.bytes += bucket
+            stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, bucket)
+        unit.reshard()

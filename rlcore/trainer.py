@@ -1,0 +1,336 @@
+"""The colocated RL loop: generate -> reward -> logprobs -> advantages -> update -> sync, on every rank.
+
+One torchrun program. Each step, every rollout group (k ranks, one vLLM engine) samples `group_size`
+responses for its slice of the prompts; each rank of the group then trains on its own 1/k of them
+with FSDP2 over the whole world; finally the new weights are streamed into the engines in place.
+The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algorithm`.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlcore import models, rewards
+from rlcore.batch import Batch, Normaliser
+from rlcore.config import Config
+from rlcore.data import PromptStream, load_table, tokenize_prompts
+from rlcore.metrics import RunLogger, peak_memory_gb
+from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
+from rlcore.rollout import RolloutEngine
+
+
+class RunError(RuntimeError):
+    """The run must stop (every rank raises it together, with the same one-line message)."""
+
+
+def agree(error: str | None) -> None:
+    """Collective: if any rank hit an error, every rank raises it (so no rank waits forever)."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise RunError(first)
+
+
+def all_sum(*values: float) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device_type())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device_type())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -> int:
+    """vLLM draws sample j of a request seeded s with seed s + j: keep prompts group_size apart."""
+    return ((run_seed * 1_000_003 + step) * 1_000_033 + prompt_index) * group_size % 2**62
+
+
+@dataclass
+class Run:
+    """Everything a step needs, built once by `setup`."""
+    cfg: Config
+    dims: ParallelDims
+    group: int  # this rank's rollout group (index along the "dp" axis)
+    tp_rank: int  # this rank's place inside the group (index along the "tp" axis)
+    tokenizer: object
+    prompts: PromptStream
+    eval_rows: list[dict]
+    reward_fns: list
+    engine: RolloutEngine
+    policy: torch.nn.Module
+    reference: torch.nn.Module | None
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    logger: RunLogger
+    run_dir: Path
+
+
+def setup(cfg: Config) -> Run:
+    """Validate everything cheap first (config, mesh degrees, model config, data), then load."""
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dims = ParallelDims(world, cfg.rollout.tensor_parallel)
+    dims.validate()
+    validate(cfg, dims)
+    if cfg.prepare:
+        # Local assets (e.g. the embedded tiny model) are built once, by rank 0.
+        if rank == 0:
+            module, _, fn = cfg.prepare.partition(":")
+            getattr(importlib.import_module(module), fn)(cfg)
+        dist.barrier()
+    hf_config = models.check_model(cfg.model.path)
+    dims.validate(hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None))
+    max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    context = getattr(hf_config, "max_position_embeddings", max_model_len)
+    if max_model_len > context or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens > max_model_len:
+        raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = "
+                         f"{cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens} does not fit the engine "
+                         f"context (rollout.max_model_len={max_model_len}, model max {context})")
+
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards]
+    table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
+                             cfg.data, tokenizer, "data.path")
+    fsdp_mesh, rollout_mesh = build_meshes(dims)
+    group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
+    prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
+                           group, cfg.seed, cfg.data.num_workers)
+    eval_rows = []
+    if cfg.data.eval_path:
+        held_out = tokenize_prompts(load_table(cfg.data.eval_path, cfg.data.eval_split, cfg.data.name,
+                                               "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
+        eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
+
+    run_dir = Path(cfg.output_dir) / cfg.name
+    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
+    if rank == 0:
+        from rlcore.cli import save_config
+        save_config(cfg, run_dir / "config.json")
+    torch.manual_seed(cfg.seed)
+    engine = RolloutEngine(cfg, max_model_len)
+    policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
+    reference = None
+    if cfg.algorithm.needs_reference:
+        reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model)
+    optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
+    logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}; models: "
+                 f"actor {cfg.model.path}" + (", reference (frozen, same init)" if reference else "")
+                 + f"; rewards: {', '.join(getattr(f, '__name__', str(f)) for f, _ in reward_fns)}")
+    return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, engine, policy,
+               reference, optimizer, scheduler, logger, run_dir)
+
+
+def validate(cfg: Config, dims: ParallelDims) -> None:
+    if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
+        raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
+    cfg.algorithm.validate(cfg)
+    if not cfg.rewards:
+        raise ValueError("rewards is empty: the recipe must list at least one reward function")
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % dims.world_size:
+        raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
+                         f"size {dims.world_size} (every rank trains on whole prompt groups)")
+    rows = r.prompts_per_step // dims.world_size * r.group_size
+    if rows % t.mini_batches:
+        raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
+    for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
+                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (got {value})")
+    if r.temperature <= 0:
+        raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
+
+
+def total_optimizer_steps(cfg: Config) -> int:
+    return cfg.train.steps * cfg.train.epochs_per_step * cfg.train.mini_batches
+
+
+def generate(run: Run, step: int) -> tuple[Batch, list[dict], list[str], int]:
+    """Sample this group's prompts; keep this rank's 1/k of them. Returns (batch, rows, completions, tokens)."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    rows = run.prompts.next_batch()  # identical on every rank of the group
+    first = run.group * len(rows)
+    seeds = [rollout_seed(cfg.seed, step, first + i, G) for i in range(len(rows))]
+    samples = run.engine.generate([r["prompt_ids"] for r in rows], G, cfg.rollout.max_new_tokens,
+                                  cfg.rollout.temperature, seeds)
+    generated = sum(len(s.token_ids) for per_prompt in samples for s in per_prompt)
+    share = len(rows) // run.dims.tp
+    mine = slice(run.tp_rank * share, (run.tp_rank + 1) * share)
+    rows, samples = rows[mine], samples[mine]
+    pairs = [(r["prompt_ids"], s) for r, per_prompt in zip(rows, samples) for s in per_prompt]
+    L = max(len(p) + len(s.token_ids) for p, s in pairs)
+    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
+    input_ids = torch.full((len(pairs), L), pad, dtype=torch.long)
+    attention_mask = torch.zeros(len(pairs), L, dtype=torch.long)
+    loss_mask = torch.zeros(len(pairs), L - 1)
+    rollout_logprobs = torch.zeros(len(pairs), L - 1)
+    for i, (p, s) in enumerate(pairs):
+        n, m = len(p), len(s.token_ids)
+        input_ids[i, :n + m] = torch.tensor(p + s.token_ids)
+        attention_mask[i, :n + m] = 1
+        loss_mask[i, n - 1:n + m - 1] = 1  # position t scores token t + 1
+        rollout_logprobs[i, n - 1:n + m - 1] = torch.tensor(s.logprobs)
+    completions = [run.tokenizer.decode(s.token_ids, skip_special_tokens=True) for _, s in pairs]
+    batch = Batch(input_ids, attention_mask, loss_mask, rollout_logprobs, torch.zeros(len(pairs)), G)
+    return batch, [r for r in rows for _ in range(G)], completions, generated // run.dims.tp
+
+
+def score(run: Run, rows: list[dict], completions: list[str]) -> torch.Tensor:
+    """Weighted reward per sequence; any rank's reward error stops every rank before the update."""
+    prompts = [r[run.cfg.data.prompt_column] for r in rows]
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in (run.cfg.data.prompt_column, "prompt_ids")}
+    error, total = None, None
+    try:
+        total, _ = rewards.score(run.reward_fns, prompts, completions, columns)
+    except rewards.RewardError as e:
+        error = str(e)
+    agree(error)
+    return total
+
+
+@torch.no_grad()
+def forward_logprobs(run: Run, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    dev, mbs = device_type(), run.cfg.train.micro_batch_size
+    out = [models.token_logprobs(model, batch.input_ids[i:i + mbs].to(dev),
+                                 batch.attention_mask[i:i + mbs].to(dev), run.cfg.rollout.temperature).cpu()
+           for i in range(0, len(batch), mbs)]
+    return torch.cat(out)  # [B, T]
+
+
+def update(run: Run, batch: Batch) -> dict[str, float]:
+    """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches."""
+    cfg, dev = run.cfg, device_type()
+    rows = len(batch) // cfg.train.mini_batches
+    sums: dict[str, float] = {}
+    grad_norms = []
+    for _ in range(cfg.train.epochs_per_step):
+        for start in range(0, len(batch), rows):
+            mini = batch.rows(start, start + rows)
+            mask = mini.loss_mask
+            tokens, sequences = all_sum(mask.sum().item(), (mask.sum(1) > 0).sum().item())
+            norm = Normaliser(max(tokens, 1.0), max(sequences, 1.0), cfg.rollout.max_new_tokens)
+            for i in range(0, len(mini), cfg.train.micro_batch_size):
+                micro = mini.rows(i, i + cfg.train.micro_batch_size)
+                micro = Batch(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v
+                                 for k, v in vars(micro).items()})
+                logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
+                                                          cfg.rollout.temperature, with_entropy=True)
+                loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
+                loss.backward()
+                metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / norm.tokens
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+            grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
+            run.optimizer.step()
+            run.scheduler.step()
+            run.optimizer.zero_grad(set_to_none=True)
+    keys = sorted(sums)
+    totals = all_sum(*(sums[k] for k in keys))
+    n_steps = len(grad_norms)
+    out = {k: v / n_steps for k, v in zip(keys, totals)}
+    out["policy/grad_norm"] = sum(grad_norms) / n_steps
+    out["optim/lr"] = run.scheduler.get_last_lr()[0]
+    return out
+
+
+def train_step(run: Run, step: int) -> dict[str, float]:
+    cfg, t_step = run.cfg, time.perf_counter()
+    t = time.perf_counter()
+    batch, rows, completions, generated = generate(run, step)
+    t_generate = time.perf_counter() - t
+    run.engine.sleep()
+
+    t = time.perf_counter()
+    batch.rewards = score(run, rows, completions)
+    t_reward = time.perf_counter() - t
+
+    t = time.perf_counter()
+    batch.old_logprobs = forward_logprobs(run, run.policy, batch)
+    if run.reference is not None:
+        batch.ref_logprobs = forward_logprobs(run, run.reference, batch)
+    # The engine sampled with the weights the trainer holds now: any gap is a broken sync.
+    diff = (batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask
+    diff_sum, tokens = all_sum(diff.sum().item(), batch.loss_mask.sum().item())
+    diff_max = all_max(diff.max().item())
+    t_logprobs = time.perf_counter() - t
+    if diff_max > cfg.rollout.logprob_diff_threshold:
+        raise RunError(f"rollout/logprob_diff_max={diff_max:.3g} exceeds rollout.logprob_diff_threshold="
+                       f"{cfg.rollout.logprob_diff_threshold:g} at step {step}: the inference engine holds "
+                       f"stale or corrupted weights (weight sync failed)")
+
+    t = time.perf_counter()
+    batch.advantages = cfg.algorithm.advantages(batch)
+    metrics = update(run, batch)
+    t_train = time.perf_counter() - t
+
+    stats = run.engine.sync_weights(run.policy)
+    r_sum, r_sq, n, length, gen_tokens = all_sum(batch.rewards.sum().item(), (batch.rewards ** 2).sum().item(),
+                                                 len(batch), batch.loss_mask.sum().item(), generated)
+    mean = r_sum / n
+    metrics |= {
+        "reward/mean": mean,
+        "reward/std": max(r_sq / n - mean ** 2, 0.0) ** 0.5,
+        "response/length_mean": length / n,
+        "rollout/logprob_diff_mean": diff_sum / max(tokens, 1.0),
+        "rollout/logprob_diff_max": diff_max,
+        "time/generate_s": t_generate, "time/reward_s": t_reward, "time/logprobs_s": t_logprobs,
+        "time/train_s": t_train, "time/sync_s": stats.seconds,
+        "time/step_s": time.perf_counter() - t_step,
+        "throughput/generate_tok_s": gen_tokens / max(t_generate, 1e-9),
+        "throughput/train_tok_s": length / max(t_train, 1e-9),
+        "sync/gb": stats.bytes / 1e9, "sync/peak_bucket_gb": stats.peak_bucket_bytes / 1e9,
+        "memory/peak_gb": all_max(peak_memory_gb()),
+    }
+    return metrics
+
+
+def evaluate(run: Run) -> dict[str, float]:
+    """Greedy answers to the held-out prompts; accuracy = share whose first reward (correctness) is 1."""
+    rows = run.eval_rows[run.group::run.dims.rollout_groups]
+    max_tokens = run.cfg.rollout.eval_max_new_tokens or run.cfg.rollout.max_new_tokens
+    outs = run.engine.greedy([r["prompt_ids"] for r in rows], max_tokens)
+    mine = [(r, o) for i, (r, o) in enumerate(zip(rows, outs)) if i % run.dims.tp == run.tp_rank]
+    correct = 0.0
+    if mine:
+        fn = run.reward_fns[0][0]
+        completions = [run.tokenizer.decode(o, skip_special_tokens=True) for _, o in mine]
+        col = run.cfg.data.prompt_column
+        columns = {k: [r[k] for r, _ in mine] for k in mine[0][0] if k not in (col, "prompt_ids")}
+        total, _ = rewards.score([(fn, 1.0)], [r[col] for r, _ in mine], completions, columns)
+        correct = (total >= 1.0).sum().item()
+    correct, n = all_sum(correct, len(mine))
+    return {"eval/accuracy": correct / max(n, 1.0)}
+
+
+def train(cfg: Config) -> dict[str, float]:
+    """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank."""
+    run = setup(cfg)
+    summary: dict[str, float] = {}
+    try:
+        if run.eval_rows:
+            summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+            run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
+        for step in range(1, cfg.train.steps + 1):
+            metrics = train_step(run, step)
+            if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
+                metrics |= evaluate(run)
+            run.logger.log(step, metrics)
+            summary |= metrics
+        if run.eval_rows:
+            summary["eval/accuracy_end"] = summary["eval/accuracy"]
+            start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
+            run.logger.print(f"eval/accuracy on {len(run.eval_rows)} held-out prompts: start {100 * start:.1f}% "
+                             f"-> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
+    finally:
+        run.logger.close()
+    return summary

@@ -1,0 +1,35 @@
+"""Shared test helpers: real torchrun processes on CPU/gloo, and tiny local models."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).parent / "workers"
+
+
+def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
+             env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `torchrun --standalone --nproc-per-node nproc script args` and capture its output."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           str(script), *map(str, args)]
+    full_env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | (env or {})
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | None = None):
+    """The real entry point: torchrun launch/train.py with recipe + overrides."""
+    return torchrun(ROOT / "launch" / "train.py", *overrides, nproc=nproc, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Random-init tiny Qwen2 / Qwen3 / Llama folders (model + tokenizer), built once per session."""
+    from rlcore import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    return {arch: tiny.build_random_model(root / arch, arch=arch, seed=0) for arch in ("qwen2", "qwen3", "llama")}

@@ -1,0 +1,52 @@
+"""torchrun worker: is the in-place weight sync exact? (tests/test_weight_sync.py)
+
+    torchrun --nproc-per-node 2 tests/workers/sync_worker.py MODEL_DIR TP OUT_JSON
+
+Takes one real optimizer step that moves every weight, then scores fixed sequences with the engine
+before the sync (stale: must differ) and after it (must equal the trainer's logprobs).
+"""
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from rlcore import models
+from rlcore.config import Config, ModelConfig, OptimConfig, RolloutConfig
+from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.rollout import RolloutEngine
+
+model_dir, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+init_distributed()
+cfg = Config(model=ModelConfig(path=model_dir), rollout=RolloutConfig(tensor_parallel=tp, cpu_kv_cache_gb=0.25),
+             optim=OptimConfig(lr=3e-2))
+dims = ParallelDims(dist.get_world_size(), tp)
+fsdp_mesh, _ = build_meshes(dims)
+engine = RolloutEngine(cfg, max_model_len=64)
+policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
+optimizer, _ = models.build_optimizer(policy, cfg.optim, total_steps=1)
+
+g = torch.Generator().manual_seed(1 + dist.get_rank())
+ids = torch.randint(3, 20, (4, 12), generator=g)
+loss = -models.token_logprobs(policy, ids, torch.ones_like(ids), 1.0).mean()
+loss.backward()
+optimizer.step()
+
+seqs = torch.randint(3, 20, (3, 16), generator=torch.Generator().manual_seed(7))  # same on every rank
+with torch.no_grad():
+    trainer = models.token_logprobs(policy, seqs, torch.ones_like(seqs), 1.0)  # [3, 15]
+stale = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
+stats = engine.sync_weights(policy)
+synced = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
+unit_bytes = [sum(p.numel() * 4 for p in layer.parameters()) for layer in models.decoder_layers(policy)]
+result = {
+    "stale_max_diff": (stale - trainer).abs().max().item(),
+    "synced_max_diff": (synced - trainer).abs().max().item(),
+    "bytes": stats.bytes,
+    "peak_bucket_bytes": stats.peak_bucket_bytes,
+    "model_bytes": sum(p.numel() * 4 for p in policy.parameters()),
+    "layer_bytes": max(unit_bytes),
+}
+if dist.get_rank() == 0:
+    json.dump(result, open(out, "w"))
+print(f"rank {dist.get_rank()}: {result}", flush=True)
