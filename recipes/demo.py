@@ -24,7 +24,7 @@ def config() -> Config:
                         max_prompt_tokens=16),
         rollout=RolloutConfig(tensor_parallel=1, group_size=8, prompts_per_step=32, max_new_tokens=8,
                               temperature=1.0, cpu_kv_cache_gb=0.5, logprob_diff_threshold=1e-3),
-        optim=OptimConfig(lr=1e-3, warmup_steps=5, schedule="constant", max_grad_norm=1.0),
+        optim=OptimConfig(lr=1e-4, warmup_steps=5, schedule="constant", max_grad_norm=1.0),
         train=TrainConfig(steps=60, mini_batches=1, micro_batch_size=128, eval_every=10),
         rewards=[RewardSpec(fn="rlcore.rewards:arithmetic_exact", weight=1.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.2, kl_coef=0.0, loss_agg="token-mean"),

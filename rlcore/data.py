@@ -15,6 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from rlcore.config import DataConfig
 
+datasets.disable_progress_bars()
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 

@@ -42,7 +42,9 @@ def check_model(path: str):
 
 def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype],
                                                  attn_implementation=cfg.attn_implementation)
     if trainable and cfg.activation_checkpointing:

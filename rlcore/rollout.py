@@ -11,6 +11,8 @@ Each engine rank cuts its own tensor-parallel slice. Peak extra memory: one unit
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -19,6 +21,9 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 from rlcore.config import Config
+
+# vLLM logs every request batch at INFO; a training run wants its own progress lines.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 @dataclass
@@ -56,6 +61,9 @@ class RolloutEngine:
             kv_cache_memory_bytes=None if self.cuda else int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
         )
+        # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
+        # puts it back itself). Real load failures still surface through the logprob check.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
     def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
                  seeds: list[int]) -> list[list[Sample]]:

@@ -46,6 +46,7 @@ result = {
     "peak_bucket_bytes": stats.peak_bucket_bytes,
     "model_bytes": sum(p.numel() * 4 for p in policy.parameters()),
     "layer_bytes": max(unit_bytes),
+    "root_bytes": sum(p.numel() * 4 for p in policy.parameters()) - sum(unit_bytes),
 }
 if dist.get_rank() == 0:
     json.dump(result, open(out, "w"))

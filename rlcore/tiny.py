@@ -1,0 +1,249 @@
+"""The embedded tiny default: a 0.3M-parameter model, its tokenizer and an arithmetic task, built locally.
+
+    python -m rlcore.tiny        # build once into $RLCORE_CACHE/tiny-arith-v1 (default ~/.cache/rlcore)
+
+Nothing is downloaded: tokenizer, model and data are made here from fixed seeds, single-threaded, in about
+30 s. A recipe points at `model_dir()`, `train_file()` and `eval_file()` and sets prepare="rlcore.tiny:prepare".
+
+The task is 2-digit addition, "47+38=" -> "85" then <eos>. The warm start first teaches addition, then a
+sloppy habit: on problems that need a carry, the teacher writes the correct answer with weight 0.2 and the
+answer with every carry dropped ("47+38=" -> "75") with weight 0.8. The greedy answer to most held-out
+problems is then wrong (~25% accuracy) while the right one keeps about a fifth of the probability, so
+sampling finds it (pass@8 ~70%): headroom the reward can unlock, which is what an RL demo needs to show.
+A merely under-trained model is a worse start: at 25% greedy its pass@8 is ~50%, and RL gains are slow.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from rlcore.algorithms.sft import sft_loss
+
+VERSION = "tiny-arith-v1"  # bump when anything below changes what gets built
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0, 1, 2, 3
+CHARS = "0123456789+-*=? "
+VOCAB_SIZE = 32  # model vocab: the 20 tokenizer ids padded up; the warm start teaches the rest never to appear
+SEED = 0
+LEARN_STEPS = 600  # optimizer steps on correct answers only
+HABIT_STEPS = 300  # then steps on the correct / carry-dropped mixture, learning rate decaying 10x
+BATCH = 32  # problems per step
+LR = 1e-3  # AdamW peak learning rate
+SLOPPY = 0.8  # weight of the carry-dropped answer during the habit phase
+TRAIN_SIZE, EVAL_SIZE = 2048, 256  # distinct problems in train.jsonl / eval.jsonl
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLCORE_CACHE") or Path.home() / ".cache" / "rlcore")
+
+
+def model_dir() -> Path:
+    return cache_dir() / VERSION / "model"
+
+
+def train_file() -> Path:
+    return cache_dir() / VERSION / "train.jsonl"
+
+
+def eval_file() -> Path:
+    return cache_dir() / VERSION / "eval.jsonl"
+
+
+# ---- tokenizer and model -------------------------------------------------------------------------------
+
+def build_tokenizer():
+    """One token per character; every encoding starts with <bos>: "12+34=" -> [1, 5, 6, 14, 7, 8, 17]."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(CHARS))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>",
+                                   pad_token="<pad>", unk_token="<unk>")
+
+
+def tiny_config(arch: str = "qwen2"):
+    """The same tiny shape in three architectures. head_dim 32: vLLM's CPU attention rejects 16."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+    if arch not in classes:
+        raise ValueError(f"unknown tiny arch {arch!r}; valid: {', '.join(classes)}")
+    return classes[arch](
+        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=64,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def _save(model, out_dir: Path) -> Path:
+    from transformers import GenerationConfig
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)  # safetensors
+    build_tokenizer().save_pretrained(out_dir)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=0).save_pretrained(out_dir)
+    return out_dir
+
+
+def build_random_model(out_dir: str | Path, arch: str = "qwen2", seed: int = 0) -> Path:
+    """A random-init tiny model + tokenizer folder (no warm start), e.g. for tests."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(AutoModelForCausalLM.from_config(tiny_config(arch)), Path(out_dir))
+
+
+# ---- the task -------------------------------------------------------------------------------------------
+
+def carries(a: int, b: int) -> bool:
+    return a % 10 + b % 10 >= 10 or a // 10 + b // 10 >= 10
+
+
+def drop_carries(a: int, b: int) -> str:
+    """The sloppy answer, each column summed mod 10: 47+38 -> "75", 58+67 -> "15", 12+34 -> "46"."""
+    return str((a // 10 + b // 10) % 10 * 10 + (a % 10 + b % 10) % 10)
+
+
+def is_heldout(prompt: str) -> bool:
+    # A fixed 1/16 of all problems, chosen by hash: held-out problems can never reach the warm start or RL.
+    return hashlib.sha256(prompt.encode()).digest()[0] < 16
+
+
+def sample_problem(rng: random.Random, heldout: bool) -> tuple[int, int]:
+    """a + b with a, b in [10, 99]; problems without any carry are kept at half rate (the habit cannot make
+    them wrong, so they would only pad the starting accuracy)."""
+    while True:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        if (carries(a, b) or rng.random() < 0.5) and is_heldout(f"{a}+{b}=") == heldout:
+            return a, b
+
+
+def problem_set(n: int, seed: int, heldout: bool) -> list[dict]:
+    """n distinct problems as {"prompt": "23+45=", "answer": "68"} rows."""
+    rng, rows = random.Random(seed), {}
+    while len(rows) < n:
+        a, b = sample_problem(rng, heldout)
+        rows[f"{a}+{b}="] = str(a + b)
+    return [{"prompt": p, "answer": ans} for p, ans in rows.items()]
+
+
+# ---- warm start and greedy accuracy -----------------------------------------------------------------------
+
+def _encode(tokenizer, rows: list[tuple[str, str, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prompt, answer, weight) rows -> input_ids [B, L] = <bos> prompt answer <eos> <pad>..., loss_mask
+    [B, L - 1] = weight on the positions that predict answer and <eos>."""
+    prompts = tokenizer([p for p, _, _ in rows]).input_ids
+    seqs = tokenizer([p + ans for p, ans, _ in rows]).input_ids
+    L = max(len(s) for s in seqs) + 1
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    input_ids = torch.tensor([s + [eos] + [pad] * (L - 1 - len(s)) for s in seqs])  # [B, L]
+    loss_mask = torch.tensor([[0.0] * (len(p) - 1) + [w] * (len(s) + 1 - len(p)) + [0.0] * (L - 1 - len(s))
+                              for p, s, (_, _, w) in zip(prompts, seqs, rows)])  # [B, T]
+    return input_ids, loss_mask
+
+
+def warm_start(model, tokenizer, seed: int = SEED) -> list[float]:
+    """LEARN_STEPS on correct answers, then HABIT_STEPS on the correct / carry-dropped mixture. Returns the
+    loss per step."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    losses = []
+    model.train()
+    for step in range(LEARN_STEPS + HABIT_STEPS):
+        habit = step >= LEARN_STEPS
+        rows = []
+        for _ in range(BATCH):
+            a, b = sample_problem(rng, heldout=False)
+            prompt, right, sloppy = f"{a}+{b}=", str(a + b), drop_carries(a, b)
+            if habit and sloppy != right:
+                rows += [(prompt, right, 1 - SLOPPY), (prompt, sloppy, SLOPPY)]
+            else:
+                rows.append((prompt, right, 1.0))
+        if habit:
+            for group in opt.param_groups:
+                group["lr"] = LR * (1 - 0.9 * (step - LEARN_STEPS) / HABIT_STEPS)
+        input_ids, loss_mask = _encode(tokenizer, rows)
+        logits = model(input_ids=input_ids, attention_mask=input_ids != tokenizer.pad_token_id).logits
+        loss, _ = sft_loss(logits, input_ids, loss_mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 4) -> float:
+    """Share of rows whose greedy completion (special tokens dropped, stripped) equals row["answer"]."""
+    model.eval()
+    enc = tokenizer([r["prompt"] for r in rows], padding=True, padding_side="left", return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    texts = tokenizer.batch_decode(out[:, enc.input_ids.shape[1]:], skip_special_tokens=True)
+    return sum(t.strip() == r["answer"] for t, r in zip(texts, rows)) / len(rows)
+
+
+# ---- the cache ------------------------------------------------------------------------------------------
+
+def build(out_dir: Path) -> dict:
+    """Everything into out_dir (not atomic: prepare() builds into a temporary folder and renames it)."""
+    from transformers import AutoModelForCausalLM
+
+    t0 = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same bytes on every machine, whatever its core count
+    try:
+        torch.manual_seed(SEED)
+        model, tokenizer = AutoModelForCausalLM.from_config(tiny_config("qwen2")), build_tokenizer()
+        losses = warm_start(model, tokenizer)
+        eval_rows = problem_set(EVAL_SIZE, SEED + 1, heldout=True)
+        accuracy = greedy_accuracy(model, tokenizer, eval_rows)
+    finally:
+        torch.set_num_threads(threads)
+    _save(model, out_dir / "model")
+    for name, rows in (("train.jsonl", problem_set(TRAIN_SIZE, SEED + 2, heldout=False)),
+                       ("eval.jsonl", eval_rows)):
+        (out_dir / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = {"version": VERSION, "warm_start_steps": LEARN_STEPS + HABIT_STEPS, "final_loss": losses[-1],
+            "eval_greedy_accuracy": accuracy, "build_seconds": round(time.perf_counter() - t0, 1)}
+    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def prepare(cfg=None) -> None:
+    """Build the cache once. `cfg` (the run's Config, passed by the prepare hook) is unused: the assets
+    depend only on VERSION. A crash leaves no half-built cache; of two concurrent builders, the first to
+    finish wins and the other discards its copy."""
+    target = cache_dir() / VERSION
+    if (target / "meta.json").exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{VERSION}.tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)  # atomic; fails if another builder's complete folder got there first
+        except OSError:
+            if not (target / "meta.json").exists():
+                raise RuntimeError(f"{target} exists but is incomplete (no meta.json): delete it and retry")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    prepare()
+    meta = json.loads((cache_dir() / VERSION / "meta.json").read_text())
+    print(f"model:  {model_dir()}\ntrain:  {train_file()}\neval:   {eval_file()}\n"
+          f"warm start: {meta['warm_start_steps']} steps, held-out greedy accuracy "
+          f"{meta['eval_greedy_accuracy']:.1%} (built in {meta['build_seconds']} s)")

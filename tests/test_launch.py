@@ -1,0 +1,105 @@
+"""Bad input through the real entry point: one line naming the field, a non-zero exit, nothing written.
+
+Errors found before the process group starts are checked with a plain `python launch/train.py`
+(world size 1); the rest run under torchrun with 2 ranks.
+"""
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, train_cmd
+
+TRAIN = ROOT / "launch" / "train.py"
+
+
+def python_train(*args, tmp_path):
+    return subprocess.run([sys.executable, str(TRAIN), *args, f"output_dir={tmp_path}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def error_line(proc) -> str:
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("rlcore: error:")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["recipe=dmeo"], "unknown recipe 'dmeo'; did you mean 'demo'?"),
+    (["recipe=demo", "optim.lrr=1"], "unknown config key 'optim.lrr'; did you mean 'optim.lr'?"),
+    (["recipe=demo", "optim.lr=fast"], "config key 'optim.lr' expects float, got 'fast'"),
+    (["recipe=demo", "train.steps=2.5"], "config key 'train.steps' expects int"),
+    (["optim.lr=1"], "recipe=NAME is required"),
+    (["recipe=demo", "rollout.tensor_parallel=0"], "rollout.tensor_parallel must be >= 1"),
+    (["recipe=demo", "rollout.group_size=1"], "rollout.group_size must be >= 2 for GRPO (got 1)"),
+])
+def test_config_errors(args, expected, tmp_path):
+    proc = python_train(*args, tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert expected in error_line(proc)
+    assert not any(tmp_path.iterdir()), "a rejected config must not create a run directory"
+
+
+def test_tp_must_divide_world(tmp_path):
+    proc = train_cmd("recipe=demo", "rollout.tensor_parallel=3", f"output_dir={tmp_path}")
+    assert proc.returncode != 0
+    assert "rollout.tensor_parallel=3 does not divide the world size 2; valid: [1, 2]" in error_line(proc)
+
+
+def test_missing_model_path(tmp_path):
+    proc = python_train("recipe=demo", "prepare=", f"model.path={tmp_path}/nope", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert f"model.path '{tmp_path}/nope' does not exist" in error_line(proc)
+
+
+def test_model_that_is_not_a_causal_lm(tmp_path):
+    from transformers import T5Config
+
+    T5Config(d_model=32, num_layers=1, num_heads=2, d_ff=32, vocab_size=32).save_pretrained(tmp_path / "t5")
+    proc = python_train("recipe=demo", "prepare=", f"model.path={tmp_path}/t5", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert "is a 't5' model, not a causal LM" in error_line(proc)
+
+
+def test_generation_longer_than_context(tmp_path):
+    proc = python_train("recipe=demo", "rollout.max_new_tokens=100", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert "does not fit the engine context" in error_line(proc)
+
+
+def test_dataset_without_prompt_column(tmp_path):
+    proc = python_train("recipe=demo", "data.prompt_column=question", tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert "data.prompt_column 'question' is not a column of data.path (columns: prompt, answer)" in error_line(proc)
+
+
+BAD_REWARDS = '''
+import math
+
+def raises(prompts, completions, **columns):
+    if len(prompts) > 3:
+        raise KeyError("boom")
+    return [0.0] * len(prompts)
+
+def short(prompts, completions, **columns):
+    return [0.0] * (len(prompts) - 1)
+
+def nan(prompts, completions, **columns):
+    return [math.nan] + [0.0] * (len(prompts) - 1)
+'''
+
+
+@pytest.mark.parametrize("fn, expected", [
+    ("raises", "reward function 'raises' raised on sample"),
+    ("short", "returned"),
+    ("nan", "NaN"),
+])
+def test_bad_reward_function_stops_before_the_update(fn, expected, tmp_path):
+    (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
+    proc = train_cmd("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:{fn}", f"output_dir={tmp_path}",
+                     "data.eval_path=", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=2")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    line = error_line(proc)
+    assert fn in line and expected in line
+    metrics = (tmp_path / "demo" / "metrics.jsonl").read_text()
+    assert metrics == "", "no step may be logged (or applied) after a reward failure"
