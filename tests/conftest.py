@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,11 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
 def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | None = None):
     """The real entry point: torchrun launch/train.py with recipe + overrides."""
     return torchrun(ROOT / "launch" / "train.py", *overrides, nproc=nproc, timeout=timeout, env=env)
+
+
+def rank_exit_codes(proc: subprocess.CompletedProcess) -> set[int]:
+    """Exit codes of failed ranks, from torchrun's failure report (torchrun itself exits 1)."""
+    return {int(m) for m in re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)}
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,54 @@
+"""The embedded tiny task: tokenizer, task sets, SFT loss, and the cache build (small, fast checks)."""
+import json
+import math
+
+import torch
+
+from rlcore import tiny
+from rlcore.algorithms.sft import sft_loss
+
+
+def test_tokenizer_round_trip():
+    tok = tiny.build_tokenizer()
+    ids = tok("12+34=").input_ids
+    assert ids == [1, 5, 6, 14, 7, 8, 17]  # <bos> then one id per character
+    assert tok.decode(ids[1:] + [tok.eos_token_id], skip_special_tokens=True) == "12+34="
+
+
+def test_model_shape_fits_vllm_cpu():
+    for arch in ("qwen2", "qwen3", "llama"):
+        cfg = tiny.tiny_config(arch)
+        assert cfg.hidden_size // cfg.num_attention_heads == 32 and cfg.vocab_size == 32
+
+
+def test_held_out_problems_never_reach_training():
+    train = tiny.problem_set(2048, 2, heldout=False)
+    held_out = tiny.problem_set(256, 1, heldout=True)
+    assert len(held_out) == 256 and not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
+    assert all(str(eval(r["prompt"][:-1])) == r["answer"] for r in held_out[:20])  # noqa: S307 (test data)
+    assert tiny.drop_carries(47, 38) == "75" and tiny.drop_carries(12, 34) == "46"
+
+
+def test_sft_loss_by_hand():
+    # vocab 2, one sequence [0, 1, 0]: logits give p(next = 1) = sigmoid(l1 - l0)
+    logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(3.0), 0.0], [0.0, 0.0]]])  # [1, 3, 2]
+    ids = torch.tensor([[0, 1, 0]])
+    loss, metrics = sft_loss(logits, ids, torch.tensor([[1.0, 1.0]]))
+    # p(1 | 0) = 3/4 and p(0 | 0, 1) = 3/4 -> mean NLL = -log 0.75
+    assert abs(loss.item() + math.log(0.75)) < 1e-6 and metrics["sft/tokens"].item() == 2.0
+    loss, _ = sft_loss(logits, ids, torch.tensor([[0.0, 1.0]]), num_tokens=4)
+    assert abs(loss.item() + math.log(0.75) / 4) < 1e-6  # a global count divides, not the call's own
+
+
+def test_prepare_is_complete_and_reused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
+    monkeypatch.setattr(tiny, "LEARN_STEPS", 3)
+    monkeypatch.setattr(tiny, "HABIT_STEPS", 2)
+    tiny.prepare()
+    meta = json.loads((tmp_path / tiny.VERSION / "meta.json").read_text())
+    assert meta["warm_start_steps"] == 5
+    assert (tiny.model_dir() / "model.safetensors").exists() and len(tiny.eval_file().read_text().splitlines()) == 256
+    stamp = (tmp_path / tiny.VERSION / "meta.json").stat().st_mtime_ns
+    tiny.prepare()  # cached: nothing rebuilt
+    assert (tmp_path / tiny.VERSION / "meta.json").stat().st_mtime_ns == stamp
+    assert [p.name for p in tmp_path.iterdir()] == [tiny.VERSION]  # no temporary folder left behind
