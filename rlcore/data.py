@@ -47,7 +47,7 @@ def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field:
             turns = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
             turns.append({"role": "user", "content": text})
             ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) else ids
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
         else:
             ids = tokenizer(text).input_ids
         return {"prompt_ids": list(ids)}

@@ -1,0 +1,33 @@
+"""Every recipe loads and validates for the world it is written for, with no GPU and no network."""
+from conftest import ROOT
+from rlcore.cli import available_recipes, load_recipe
+from rlcore.parallel import ParallelDims
+from rlcore.trainer import validate
+
+# Qwen2.5-1.5B-Instruct's config.json: 12 attention heads, 2 key/value heads, 32768 positions.
+QWEN25_15B = {"heads": 12, "kv_heads": 2, "context": 32768}
+
+
+def test_grpo_recipe_is_valid_for_one_8_gpu_node():
+    cfg = load_recipe("grpo", ROOT / "recipes")
+    dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
+    dims.validate(QWEN25_15B["heads"], QWEN25_15B["kv_heads"])
+    validate(cfg, dims)
+    assert dims.rollout_groups == 4 and cfg.rollout.tensor_parallel == 2
+    assert cfg.model.mixed_precision == "bfloat16" and cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert cfg.data.path == "openai/gsm8k" and cfg.rewards[0].fn == "rlcore.rewards:gsm8k"
+    assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens <= QWEN25_15B["context"]
+    # Each of the 8 ranks trains on whole prompt groups: 128 prompts / 8 ranks * 8 samples = 128 sequences.
+    assert cfg.rollout.prompts_per_step // 8 * cfg.rollout.group_size == 128
+
+
+def test_demo_recipe_is_valid_for_two_cpu_ranks():
+    cfg = load_recipe("demo", ROOT / "recipes")
+    validate(cfg, ParallelDims(world_size=2, tp=cfg.rollout.tensor_parallel))
+    assert cfg.model.dtype == "float32" and cfg.model.mixed_precision == "none"
+
+
+def test_every_recipe_loads():
+    assert {"demo", "grpo"} <= set(available_recipes(ROOT / "recipes"))
+    for name in available_recipes(ROOT / "recipes"):
+        assert load_recipe(name, ROOT / "recipes").algorithm is not None
