@@ -43,9 +43,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # os._exit: skip interpreter teardown, where the in-process vLLM engine and the process group
-    # would otherwise be destroyed in an arbitrary order (see shared notes on vLLM shutdown).
-    code = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    sys.exit(main(sys.argv[1:]))

@@ -1,120 +1,163 @@
-"""Reward functions: `reward(prompts, completions, **columns) -> list[float]`, one score per sample.
+"""Reward functions, and the machinery that finds them and adds them up.
 
-`columns` are the dataset's other fields as lists aligned with the samples (e.g. `answer=[...]`).
-A recipe lists RewardSpec(fn, weight) entries; the step's reward is their weighted sum. `fn` is a
-callable, "module:function", or "path/to/file.py:function" (so a fork can keep its reward beside it).
+A reward function scores a batch of completions:
 
-Built-ins: `arithmetic_exact` (the completion is exactly the answer) and `gsm8k` (final number).
+    def reward(prompts: list[str], completions: list[str], **columns) -> list[float]
+
+`completions` are the decoded responses without special tokens; `columns` are the prompt dataset's other
+fields as lists aligned with `prompts` (e.g. answer=["68", ...]); take what you need and ignore the rest with
+**kwargs. A recipe lists them as RewardSpec(fn, weight) with fn a callable, "module:function",
+"path/to/file.py:function" or a built-in's name ("arithmetic_exact", "gsm8k"); the step's reward is the
+weighted sum. Any mistake in a reward function (an exception, a wrong-length list, a NaN) stops the run with
+a one-line RewardError that names the function and the sample.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import math
+import numbers
 import re
 from pathlib import Path
 from typing import Callable
 
 import torch
 
+NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
+
 
 class RewardError(RuntimeError):
-    """A reward function failed on a step's samples (message: one line naming the function and sample)."""
+    """A reward function misbehaved; the message is one line naming the function and the sample."""
 
 
 def arithmetic_exact(prompts: list[str], completions: list[str], answer: list, **_) -> list[float]:
-    """1.0 when the completion, stripped, is exactly the answer: "85" vs answer "85" -> 1.0, "085" -> 0.0."""
+    """1.0 if the stripped completion is exactly the answer: "68" for answer "68"; " 68\\n" too; "068" not."""
     return [float(c.strip() == str(a).strip()) for c, a in zip(completions, answer)]
 
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-
-
 def final_number(text: str) -> float | None:
-    """The number after the last "####", else the last number in the text; commas and $ ignored.
-
-    "so 3 + 4 = 7. #### 1,234" -> 1234.0;  "The answer is $72." -> 72.0;  "no idea" -> None."""
-    tail = text.rsplit("####", 1)[1] if "####" in text else text
-    found = _NUMBER.findall(tail.replace("$", ""))
-    if not found:
-        return None
-    return float(found[0 if "####" in text else -1].replace(",", ""))
+    """The number a GSM8K-style text ends on: the first number after the last "####" if there is one, else
+    the last number anywhere; commas and "$" are dropped. "so #### 1,234" -> 1234.0, "is $72." -> 72.0."""
+    _, sep, tail = text.rpartition("####")
+    found = NUMBER.findall(tail)
+    pick = found[0] if sep and found else (NUMBER.findall(text) or [None])[-1]
+    return None if pick is None else float(pick.replace(",", "").replace("$", ""))
 
 
-def gsm8k(prompts: list[str], completions: list[str], answer: list, **_) -> list[float]:
-    """GSM8K: 1.0 when the completion's final number equals the reference's ("... #### 72")."""
-    out = []
-    for completion, ref in zip(completions, answer):
-        got, want = final_number(completion), final_number(str(ref))
-        out.append(float(got is not None and want is not None and abs(got - want) < 1e-6))
-    return out
+def gsm8k(prompts: list[str], completions: list[str], answer: list[str], **_) -> list[float]:
+    """1.0 if the completion's final number equals the answer's (GSM8K answers end in "#### 72")."""
+    scores = []
+    for c, a in zip(completions, answer):
+        got, want = final_number(c), final_number(str(a))
+        scores.append(float(got is not None and want is not None and math.isclose(got, want, abs_tol=1e-6)))
+    return scores
+
+
+BUILTINS = {"arithmetic_exact": arithmetic_exact, "gsm8k": gsm8k}
 
 
 def resolve(fn) -> Callable:
-    """A callable as is; "module:function" or "path/to/file.py:function" imported."""
-    if callable(fn):
-        return fn
-    if not isinstance(fn, str) or ":" not in fn:
-        raise ValueError(f"rewards: fn {fn!r} must be a callable, 'module:function' or 'file.py:function'")
-    where, _, name = fn.rpartition(":")
-    try:
-        if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_file():
-                raise ValueError(f"rewards: file '{where}' in fn {fn!r} does not exist")
-            spec = importlib.util.spec_from_file_location(f"rlcore_reward_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
+    """A callable, "module:function", "path/to/file.py:function", or a built-in's name -> the function."""
+    return fn if callable(fn) else _resolve_spec(str(fn))
+
+
+@functools.lru_cache(maxsize=None)  # a file spec runs its file once, not on every score() call
+def _resolve_spec(spec: str) -> Callable:
+    if spec in BUILTINS:
+        return BUILTINS[spec]
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise ValueError(f"reward '{spec}' is not a built-in ({', '.join(BUILTINS)}) nor of the form "
+                         f"'module:function' or 'path/to/file.py:function'")
+    if where.endswith(".py"):
+        path = Path(where).expanduser()
+        if not path.is_file():
+            raise ValueError(f"reward '{spec}': file '{where}' does not exist")
+        module_spec = importlib.util.spec_from_file_location(f"rlcore_reward_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:  # the user's file failed to run: say which spec, keep the cause
+            raise ValueError(f"reward '{spec}': running '{where}' failed: {type(e).__name__}: "
+                             f"{_one_line(str(e))}") from e
+    else:
+        try:
             module = importlib.import_module(where)
-    except ImportError as e:
-        raise ValueError(f"rewards: cannot import '{where}' for fn {fn!r}: {e}") from None
-    if not callable(getattr(module, name, None)):
-        raise ValueError(f"rewards: '{where}' has no function '{name}' (fn {fn!r})")
-    return getattr(module, name)
+        except ImportError as e:
+            raise ValueError(f"reward '{spec}': cannot import module '{where}' ({e})") from None
+    found = getattr(module, name, None)
+    if not callable(found):
+        raise ValueError(f"reward '{spec}': '{where}' has no function '{name}'")
+    return found
+
+
+def fn_name(fn) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
 
 
 def _short(text: str, n: int = 40) -> str:
     return repr(text if len(text) <= n else text[:n] + "...")
 
 
-def score(fns: list[tuple[Callable, float]], prompts: list[str], completions: list[str],
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def score(specs, prompts: list[str], completions: list[str],
           columns: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Weighted sum of every reward function. Returns (total [N], {function name: scores [N]})."""
+    """Weighted sum of every reward over the batch.
+
+    specs: [(fn, weight), ...] or [RewardSpec, ...] (fn as for `resolve`). Returns (total [N] float32,
+    {name: that function's unweighted scores [N]}); a name that repeats gets "#2", "#3"... appended.
+    Example: specs [(exact, 1.0), (short, 0.5)], exact -> [1, 0], short -> [1, 1] gives total [1.5, 0.5].
+    """
     n = len(prompts)
+    if len(completions) != n or any(len(v) != n for v in columns.values()):
+        lengths = {k: len(v) for k, v in columns.items()}
+        raise ValueError(f"score(): {n} prompts, {len(completions)} completions, columns {lengths}: must be equal")
     total = torch.zeros(n, dtype=torch.float32)
-    per_fn = {}
-    for fn, weight in fns:
-        name = getattr(fn, "__name__", repr(fn))
-        try:
-            scores = fn(prompts, completions, **columns)
-        except Exception as e:  # a user function: report which one and where, then stop the step
-            i = _first_failing(fn, prompts, completions, columns)
-            where = f"sample {i} (prompt {_short(prompts[i])}, completion {_short(completions[i])})" if i is not None \
-                else f"a batch of {n} samples"
-            raise RewardError(f"reward function '{name}' raised on {where}: {type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else ''}") from None
-        if not hasattr(scores, "__len__") or len(scores) != n:
-            got = len(scores) if hasattr(scores, "__len__") else type(scores).__name__
-            raise RewardError(f"reward function '{name}' returned {got} scores for {n} samples")
-        values = []
-        for i, s in enumerate(scores):
-            if isinstance(s, bool) or not isinstance(s, (int, float)) and not torch.is_tensor(s):
-                raise RewardError(f"reward function '{name}' returned {s!r} (not a number) for sample {i}")
-            if not math.isfinite(float(s)):
-                raise RewardError(f"reward function '{name}' returned {float(s)} (NaN or inf) for sample {i} "
-                                  f"(prompt {_short(prompts[i])}, completion {_short(completions[i])})")
-            values.append(float(s))
-        per_fn[name] = torch.tensor(values, dtype=torch.float32)
-        total += weight * per_fn[name]
+    per_fn: dict[str, torch.Tensor] = {}
+    for spec in specs:
+        fn, weight = (spec.fn, spec.weight) if hasattr(spec, "fn") else spec
+        fn = resolve(fn)
+        name = fn_name(fn)
+        values = _call(fn, name, prompts, completions, columns)
+        key, k = name, 1
+        while key in per_fn:
+            k += 1
+            key = f"{name}#{k}"
+        per_fn[key] = torch.tensor(values, dtype=torch.float32)
+        total += weight * per_fn[key]
     return total, per_fn
 
 
-def _first_failing(fn, prompts, completions, columns) -> int | None:
-    """Re-run sample by sample to name the one that fails (only after the batch call raised)."""
-    for i in range(len(prompts)):
-        try:
-            fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
-        except Exception:  # the same user error as above; we only want its position
-            return i
-    return None
+def _call(fn, name: str, prompts: list[str], completions: list[str], columns: dict[str, list]) -> list[float]:
+    n = len(prompts)
+    try:
+        values = fn(prompts, completions, **columns)
+    except Exception as e:  # a user function: say which one and on which sample, then stop the step
+        where = f"a batch of {n} samples (no single sample fails alone)"
+        for i in range(n):  # a batch call cannot say which sample raised: re-run them one by one
+            try:
+                fn(prompts[i:i + 1], completions[i:i + 1], **{k: v[i:i + 1] for k, v in columns.items()})
+            except Exception as e_i:
+                e, where = e_i, f"sample {i} (prompt {_short(prompts[i])}, completion {_short(completions[i])})"
+                break
+        raise RewardError(f"reward function '{name}' raised on {where}: {type(e).__name__}: "
+                          f"{_one_line(str(e))}") from None
+    if not hasattr(values, "__len__") or len(values) != n:
+        got = len(values) if hasattr(values, "__len__") else f"a {type(values).__name__}, not a list of"
+        raise RewardError(f"reward function '{name}' returned {got} scores for {n} samples")
+    out = []
+    for i, v in enumerate(values):
+        if torch.is_tensor(v) and v.numel() == 1:
+            v = v.item()
+        if not isinstance(v, numbers.Real):  # bools pass, as 1.0 / 0.0
+            raise RewardError(f"reward function '{name}' returned {repr(v)[:30]} (not a number) for "
+                              f"sample {i} (prompt {_short(prompts[i])})")
+        if not math.isfinite(v):
+            raise RewardError(f"reward function '{name}' returned {v} (NaN or inf) for sample {i} "
+                              f"(prompt {_short(prompts[i])}, completion {_short(completions[i])})")
+        out.append(float(v))
+    return out

@@ -15,9 +15,11 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import torch
+import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 from rlcore.config import Config
@@ -44,6 +46,8 @@ class RolloutEngine:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
+        if not self.cuda and cfg.rollout.tensor_parallel > 1:
+            remove_stale_cpu_shm()
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
         self.sleep_mode = self.cuda and cfg.rollout.sleep_while_training
         self.llm = LLM(
@@ -112,6 +116,25 @@ class RolloutEngine:
             self.llm.wake_up(tags=["kv_cache"])
         stats.seconds = time.perf_counter() - t0
         return stats
+
+
+def remove_stale_cpu_shm() -> None:
+    """CPU tensor parallelism: vLLM's shared-memory segments have fixed names under the external
+    launcher (/dev/shm/-tp:0-[0-1]-cpushm_0, ...), so one left by a killed run makes the next engine
+    fail with "create shm in SHMManager failed. errno: 17". Remove those no live process maps."""
+    shm = Path("/dev/shm")
+    stale = set(shm.glob("-tp:*-cpushm_*")) if shm.is_dir() else set()
+    dist.barrier()  # every rank looks before any rank's engine creates a new segment
+    for maps in Path("/proc").glob("[0-9]*/maps") if stale else []:
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended while we looked, or is not ours to read
+            continue
+        stale = {p for p in stale if str(p) not in text}
+    if dist.get_rank() == 0:
+        for path in stale:
+            path.unlink(missing_ok=True)
+    dist.barrier()
 
 
 def stream_full_weights(model: torch.nn.Module, stats: SyncStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:

@@ -3,14 +3,15 @@
     python -m rlcore.tiny        # build once into $RLCORE_CACHE/tiny-arith-v1 (default ~/.cache/rlcore)
 
 Nothing is downloaded: tokenizer, model and data are made here from fixed seeds, single-threaded, in about
-30 s. A recipe points at `model_dir()`, `train_file()` and `eval_file()` and sets prepare="rlcore.tiny:prepare".
+35 s. A recipe points at `model_dir()`, `train_file()` and `eval_file()` and sets prepare="rlcore.tiny:prepare".
 
 The task is 2-digit addition, "47+38=" -> "85" then <eos>. The warm start first teaches addition, then a
-sloppy habit: on problems that need a carry, the teacher writes the correct answer with weight 0.2 and the
-answer with every carry dropped ("47+38=" -> "75") with weight 0.8. The greedy answer to most held-out
-problems is then wrong (~25% accuracy) while the right one keeps about a fifth of the probability, so
-sampling finds it (pass@8 ~70%): headroom the reward can unlock, which is what an RL demo needs to show.
-A merely under-trained model is a worse start: at 25% greedy its pass@8 is ~50%, and RL gains are slow.
+sloppy habit: when the ones digits carry, the teacher writes the correct answer with weight 0.2 and the one
+that forgot to carry the one ("47+38=" -> "75") with weight 0.8. The greedy answer to most held-out problems
+is then wrong (17% accuracy) while the right one keeps up to a fifth of the probability, so sampling finds
+it (pass@8 75%): headroom that the reward can unlock, which an RL demo needs. A merely under-trained model
+is a worse start: at 25% greedy its pass@8 is ~60%, the step it gets there swings with the seed, and GRPO
+gains ~20 points on it where this start gains ~60.
 """
 from __future__ import annotations
 
@@ -27,16 +28,16 @@ import torch
 
 from rlcore.algorithms.sft import sft_loss
 
-VERSION = "tiny-arith-v1"  # bump when anything below changes what gets built
+VERSION = "tiny-arith-v2"  # bump when anything below changes what gets built
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]  # ids 0, 1, 2, 3
 CHARS = "0123456789+-*=? "
 VOCAB_SIZE = 32  # model vocab: the 20 tokenizer ids padded up; the warm start teaches the rest never to appear
 SEED = 0
 LEARN_STEPS = 600  # optimizer steps on correct answers only
-HABIT_STEPS = 300  # then steps on the correct / carry-dropped mixture, learning rate decaying 10x
+HABIT_STEPS = 300  # then steps on the correct / forgot-the-carry mixture, learning rate decaying 10x
 BATCH = 32  # problems per step
 LR = 1e-3  # AdamW peak learning rate
-SLOPPY = 0.8  # weight of the carry-dropped answer during the habit phase
+SLOPPY = 0.8  # weight of the forgot-the-carry answer during the habit phase
 TRAIN_SIZE, EVAL_SIZE = 2048, 256  # distinct problems in train.jsonl / eval.jsonl
 
 
@@ -62,7 +63,6 @@ def build_tokenizer():
     """One token per character; every encoding starts with <bos>: "12+34=" -> [1, 5, 6, 14, 7, 8, 17]."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
-
     vocab = {tok: i for i, tok in enumerate(SPECIALS + list(CHARS))}
     tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -75,7 +75,6 @@ def build_tokenizer():
 def tiny_config(arch: str = "qwen2"):
     """The same tiny shape in three architectures. head_dim 32: vLLM's CPU attention rejects 16."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
-
     classes = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
     if arch not in classes:
         raise ValueError(f"unknown tiny arch {arch!r}; valid: {', '.join(classes)}")
@@ -87,7 +86,6 @@ def tiny_config(arch: str = "qwen2"):
 
 def _save(model, out_dir: Path) -> Path:
     from transformers import GenerationConfig
-
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)  # safetensors
     build_tokenizer().save_pretrained(out_dir)
@@ -98,7 +96,6 @@ def _save(model, out_dir: Path) -> Path:
 def build_random_model(out_dir: str | Path, arch: str = "qwen2", seed: int = 0) -> Path:
     """A random-init tiny model + tokenizer folder (no warm start), e.g. for tests."""
     from transformers import AutoModelForCausalLM
-
     torch.manual_seed(seed)
     return _save(AutoModelForCausalLM.from_config(tiny_config(arch)), Path(out_dir))
 
@@ -106,25 +103,27 @@ def build_random_model(out_dir: str | Path, arch: str = "qwen2", seed: int = 0) 
 # ---- the task -------------------------------------------------------------------------------------------
 
 def carries(a: int, b: int) -> bool:
-    return a % 10 + b % 10 >= 10 or a // 10 + b // 10 >= 10
+    """Do the ones digits carry into the tens?"""
+    return a % 10 + b % 10 >= 10
 
 
-def drop_carries(a: int, b: int) -> str:
-    """The sloppy answer, each column summed mod 10: 47+38 -> "75", 58+67 -> "15", 12+34 -> "46"."""
-    return str((a // 10 + b // 10) % 10 * 10 + (a % 10 + b % 10) % 10)
+def sloppy_answer(a: int, b: int) -> str:
+    """The answer that forgot to carry the one: 47+38 -> "75", 58+67 -> "115", 12+34 -> "46" (no carry)."""
+    return str(a + b - 10 if carries(a, b) else a + b)
 
 
 def is_heldout(prompt: str) -> bool:
-    # A fixed 1/16 of all problems, chosen by hash: held-out problems can never reach the warm start or RL.
-    return hashlib.sha256(prompt.encode()).digest()[0] < 16
+    # A fixed 1/4 of all problems (~2,000 of 8,100), chosen by hash: they can never reach the warm start or
+    # RL, and are plenty for EVAL_SIZE distinct problems drawn with the training distribution's carry rate.
+    return hashlib.sha256(prompt.encode()).digest()[0] < 64
 
 
 def sample_problem(rng: random.Random, heldout: bool) -> tuple[int, int]:
-    """a + b with a, b in [10, 99]; problems without any carry are kept at half rate (the habit cannot make
-    them wrong, so they would only pad the starting accuracy)."""
+    """a + b with a, b in [10, 99]. Problems without a carry are kept at 1/4 rate (a quarter of the problems,
+    not 55%): the habit cannot make them wrong, so they would only pad the starting accuracy."""
     while True:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
-        if (carries(a, b) or rng.random() < 0.5) and is_heldout(f"{a}+{b}=") == heldout:
+        if (carries(a, b) or rng.random() < 0.25) and is_heldout(f"{a}+{b}=") == heldout:
             return a, b
 
 
@@ -153,8 +152,8 @@ def _encode(tokenizer, rows: list[tuple[str, str, float]]) -> tuple[torch.Tensor
 
 
 def warm_start(model, tokenizer, seed: int = SEED) -> list[float]:
-    """LEARN_STEPS on correct answers, then HABIT_STEPS on the correct / carry-dropped mixture. Returns the
-    loss per step."""
+    """LEARN_STEPS on correct answers, then HABIT_STEPS on the correct / forgot-the-carry mixture. Returns
+    the loss per step."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     losses = []
@@ -164,7 +163,7 @@ def warm_start(model, tokenizer, seed: int = SEED) -> list[float]:
         rows = []
         for _ in range(BATCH):
             a, b = sample_problem(rng, heldout=False)
-            prompt, right, sloppy = f"{a}+{b}=", str(a + b), drop_carries(a, b)
+            prompt, right, sloppy = f"{a}+{b}=", str(a + b), sloppy_answer(a, b)
             if habit and sloppy != right:
                 rows += [(prompt, right, 1 - SLOPPY), (prompt, sloppy, SLOPPY)]
             else:
@@ -199,7 +198,6 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new_tokens: int = 4)
 def build(out_dir: Path) -> dict:
     """Everything into out_dir (not atomic: prepare() builds into a temporary folder and renames it)."""
     from transformers import AutoModelForCausalLM
-
     t0 = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same bytes on every machine, whatever its core count
@@ -231,12 +229,13 @@ def prepare(cfg=None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{VERSION}.tmp-", dir=target.parent))
     try:
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared folder
         build(tmp)
         try:
             os.rename(tmp, target)  # atomic; fails if another builder's complete folder got there first
         except OSError:
-            if not (target / "meta.json").exists():
-                raise RuntimeError(f"{target} exists but is incomplete (no meta.json): delete it and retry")
+            if not (target / "meta.json").exists():  # not a finished cache: a real error
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -112,7 +112,6 @@ def setup(cfg: Config) -> Run:
         eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
 
     run_dir = Path(cfg.output_dir) / cfg.name
-    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
     if rank == 0:
         from rlcore.cli import save_config
         save_config(cfg, run_dir / "config.json")
@@ -123,6 +122,7 @@ def setup(cfg: Config) -> Run:
     if cfg.algorithm.needs_reference:
         reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
+    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
     logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}; models: "
                  f"actor {cfg.model.path}" + (", reference (frozen, same init)" if reference else "")
                  + f"; rewards: {', '.join(getattr(f, '__name__', str(f)) for f, _ in reward_fns)}")

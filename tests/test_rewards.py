@@ -79,3 +79,32 @@ def test_bad_reward_functions(fn, message):
 
 def test_builtins_are_listed_in_the_module():
     assert {"arithmetic_exact", "gsm8k"} <= set(dir(rewards))
+
+
+def test_score_takes_reward_specs_by_name_and_keeps_repeats_apart():
+    from rlcore.config import RewardSpec
+
+    specs = [RewardSpec(fn="arithmetic_exact", weight=1.0), RewardSpec(fn=arithmetic_exact, weight=0.5)]
+    total, per_fn = score(specs, ["1+1=", "1+2="], ["2", "4"], {"answer": ["2", "3"]})
+    assert total.tolist() == [1.5, 0.0] and set(per_fn) == {"arithmetic_exact", "arithmetic_exact#2"}
+
+
+def test_bools_count_as_numbers_and_a_non_list_is_an_error():
+    total, _ = score([(lambda p, c, **_: [x == "2" for x in c], 1.0)], ["1+1=", "1+2="], ["2", "4"], {})
+    assert total.tolist() == [1.0, 0.0]
+
+    def scalar(prompts, completions, **_):
+        return 1.0
+
+    with pytest.raises(RewardError, match="reward function 'scalar' returned a float, not a list of scores for 2 samples"):
+        score([(scalar, 1.0)], ["a", "b"], ["x", "y"], {})
+
+
+def test_resolve_errors_name_the_spec(tmp_path):
+    with pytest.raises(ValueError, match="reward 'no_such_reward' is not a built-in"):
+        resolve("no_such_reward")
+    with pytest.raises(ValueError, match="reward 'not_a_module_xyz:f': cannot import module"):
+        resolve("not_a_module_xyz:f")
+    (tmp_path / "broken.py").write_text("import not_a_module_xyz\n")
+    with pytest.raises(ValueError, match=r"broken.py:f': running .* failed: ModuleNotFoundError"):
+        resolve(f"{tmp_path}/broken.py:f")

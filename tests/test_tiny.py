@@ -1,7 +1,9 @@
 """The embedded tiny task: tokenizer, task sets, SFT loss, and the cache build (small, fast checks)."""
 import json
 import math
+import random
 
+import pytest
 import torch
 
 from rlcore import tiny
@@ -26,7 +28,22 @@ def test_held_out_problems_never_reach_training():
     held_out = tiny.problem_set(256, 1, heldout=True)
     assert len(held_out) == 256 and not {r["prompt"] for r in train} & {r["prompt"] for r in held_out}
     assert all(str(eval(r["prompt"][:-1])) == r["answer"] for r in held_out[:20])  # noqa: S307 (test data)
-    assert tiny.drop_carries(47, 38) == "75" and tiny.drop_carries(12, 34) == "46"
+    assert all(tiny.is_heldout(r["prompt"]) for r in held_out)
+    assert not any(tiny.is_heldout(f"{a}+{b}=") for a, b in (tiny.sample_problem(random.Random(0), False)
+                                                             for _ in range(500)))  # warm-start problems
+
+
+def test_sloppy_answer_forgets_the_carry_from_the_ones():
+    assert [tiny.sloppy_answer(a, b) for a, b in ((47, 38), (58, 67), (45, 55), (12, 34))] == ["75", "115", "90", "46"]
+
+
+def test_encode_masks_answer_and_eos_only():
+    tok = tiny.build_tokenizer()
+    ids, mask = tiny._encode(tok, [("12+34=", "46", 1.0), ("58+67=", "115", 0.8)])
+    assert ids[0].tolist() == [1, 5, 6, 14, 7, 8, 17, 8, 10, 2, 0]  # <bos> 12+34= 46 <eos> <pad>
+    # position t predicts token t + 1: "=" (t = 6) predicts "4", ..., "6" (t = 8) predicts <eos>
+    assert mask[0].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 1, 0]
+    assert mask[1].tolist() == pytest.approx([0, 0, 0, 0, 0, 0, 0.8, 0.8, 0.8, 0.8])
 
 
 def test_sft_loss_by_hand():
@@ -52,3 +69,31 @@ def test_prepare_is_complete_and_reused(tmp_path, monkeypatch):
     tiny.prepare()  # cached: nothing rebuilt
     assert (tmp_path / tiny.VERSION / "meta.json").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [tiny.VERSION]  # no temporary folder left behind
+
+
+def test_concurrent_builder_keeps_the_first_complete_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
+    target = tmp_path / tiny.VERSION
+
+    def build_while_another_finishes(out_dir):
+        (out_dir / "meta.json").write_text("{}")
+        target.mkdir()  # another process renamed its complete build into place meanwhile
+        (target / "meta.json").write_text('{"winner": true}')
+
+    monkeypatch.setattr(tiny, "build", build_while_another_finishes)
+    tiny.prepare()
+    assert json.loads((target / "meta.json").read_text()) == {"winner": True}
+    assert [p.name for p in tmp_path.iterdir()] == [tiny.VERSION]  # the loser's copy is gone
+
+
+def test_crashed_build_leaves_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
+
+    def crash(out_dir):
+        (out_dir / "half.bin").write_text("x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tiny, "build", crash)
+    with pytest.raises(KeyboardInterrupt):
+        tiny.prepare()
+    assert list(tmp_path.iterdir()) == []
