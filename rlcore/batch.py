@@ -36,6 +36,9 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def to(self, device) -> "Batch":
+        return Batch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+
     def rows(self, start: int, stop: int) -> "Batch":
         """Rows [start, stop) of every tensor field, e.g. one micro-batch."""
         fields = {}

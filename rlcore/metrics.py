@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
-import os
 import resource
 from pathlib import Path
 
@@ -62,11 +60,3 @@ class RunLogger:
             self.bar.close()
             self.tb.close()
             self.jsonl.close()
-
-
-def finite(metrics: dict[str, float]) -> bool:
-    return all(math.isfinite(v) for v in metrics.values())
-
-
-def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))

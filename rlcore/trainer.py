@@ -20,6 +20,7 @@ from rlcore.batch import Batch, Normaliser
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
+from rlcore.objectives import local_normaliser
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine
 
@@ -216,18 +217,16 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
     for _ in range(cfg.train.epochs_per_step):
         for start in range(0, len(batch), rows):
             mini = batch.rows(start, start + rows)
-            mask = mini.loss_mask
-            tokens, sequences = all_sum(mask.sum().item(), (mask.sum(1) > 0).sum().item())
-            norm = Normaliser(max(tokens, 1.0), max(sequences, 1.0), cfg.rollout.max_new_tokens)
+            local = local_normaliser(mini.loss_mask)  # summed over this rank's micro-batches...
+            tokens, sequences = all_sum(local.tokens, local.sequences)  # ...and over every rank
+            norm = Normaliser(tokens, sequences, max_len=cfg.rollout.max_new_tokens)
             for i in range(0, len(mini), cfg.train.micro_batch_size):
-                micro = mini.rows(i, i + cfg.train.micro_batch_size)
-                micro = Batch(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v
-                                 for k, v in vars(micro).items()})
+                micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)
                 logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
                                                           cfg.rollout.temperature, with_entropy=True)
                 loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                 loss.backward()
-                metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / norm.tokens
+                metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))

@@ -24,3 +24,4 @@ def test_sync_is_exact_after_an_optimizer_step(tiny_models, tmp_path, tp):
     assert r["bytes"] == r["model_bytes"]
     assert r["peak_bucket_bytes"] == max(r["layer_bytes"], r["root_bytes"])
     assert r["peak_bucket_bytes"] < r["model_bytes"] / 2
+
