@@ -186,10 +186,15 @@ def generate(run: Run, step: int) -> tuple[Batch, list[dict], list[str], int]:
     return batch, [r for r in rows for _ in range(G)], completions, generated // run.dims.tp
 
 
+def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict[str, list]]:
+    """Dataset rows -> (prompt texts, every other column as a list) for the reward functions."""
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in (prompt_column, "prompt_ids")}
+    return [r[prompt_column] for r in rows], columns
+
+
 def score(run: Run, rows: list[dict], completions: list[str]) -> torch.Tensor:
     """Weighted reward per sequence; any rank's reward error stops every rank before the update."""
-    prompts = [r[run.cfg.data.prompt_column] for r in rows]
-    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in (run.cfg.data.prompt_column, "prompt_ids")}
+    prompts, columns = reward_inputs(rows, run.cfg.data.prompt_column)
     error, total = None, None
     try:
         total, _ = rewards.score(run.reward_fns, prompts, completions, columns)
@@ -301,11 +306,9 @@ def evaluate(run: Run) -> dict[str, float]:
     mine = [(r, o) for i, (r, o) in enumerate(zip(rows, outs)) if i % run.dims.tp == run.tp_rank]
     correct = 0.0
     if mine:
-        fn = run.reward_fns[0][0]
         completions = [run.tokenizer.decode(o, skip_special_tokens=True) for _, o in mine]
-        col = run.cfg.data.prompt_column
-        columns = {k: [r[k] for r, _ in mine] for k in mine[0][0] if k not in (col, "prompt_ids")}
-        total, _ = rewards.score([(fn, 1.0)], [r[col] for r, _ in mine], completions, columns)
+        prompts, columns = reward_inputs([r for r, _ in mine], run.cfg.data.prompt_column)
+        total, _ = rewards.score([(run.reward_fns[0][0], 1.0)], prompts, completions, columns)
         correct = (total >= 1.0).sum().item()
     correct, n = all_sum(correct, len(mine))
     return {"eval/accuracy": correct / max(n, 1.0)}
