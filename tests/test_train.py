@@ -40,12 +40,14 @@ def test_demo_recipe_learns(tmp_path):
     assert f"eval/accuracy on 256 held-out prompts: start {100 * start:.1f}%" in proc.stderr + proc.stdout
 
 
-@pytest.mark.parametrize("arch, tp", [("qwen2", 1), ("qwen3", 2), ("llama", 1)])
-def test_architectures_train_and_sync(tiny_models, tmp_path, arch, tp):
-    """Random-init tiny Qwen2 / Qwen3 / Llama each run steps with an exact sync (Qwen3 with a TP=2 engine)."""
+@pytest.mark.parametrize("arch, tp, extra", [("qwen2", 1, ""), ("qwen3", 2, ""),
+                                             ("llama", 1, "model.activation_checkpointing=true")])
+def test_architectures_train_and_sync(tiny_models, tmp_path, arch, tp, extra):
+    """Random-init tiny Qwen2 / Qwen3 / Llama each run steps with an exact sync (Qwen3 with a TP=2 engine,
+    Llama with activation checkpointing)."""
     proc = train_cmd("recipe=demo", "prepare=rlcore.tiny:prepare", f"model.path={tiny_models[arch]}",
                      f"rollout.tensor_parallel={tp}", f"output_dir={tmp_path}", "train.steps=2",
-                     "data.eval_path=", *SMALL)
+                     "data.eval_path=", *SMALL, *extra.split())
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "demo")
     assert [r["step"] for r in rows] == [1, 2]
