@@ -6,6 +6,7 @@ index, not by rank. Other columns (e.g. `answer`) travel with each prompt to the
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -16,6 +17,8 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from rlcore.config import DataConfig
 
 datasets.disable_progress_bars()
+# torchdata 0.11 calls a deprecated torch hook on every loader start; nothing for a user to act on.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 

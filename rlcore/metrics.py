@@ -16,7 +16,7 @@ STEP_KEYS = (
     "throughput/generate_tok_s", "memory/peak_gb",
 )
 # The short progress line shows these.
-PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/kl", "kl"),
+PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
                  ("rollout/logprob_diff_max", "lp_diff"), ("time/step_s", "s"))
 
 
