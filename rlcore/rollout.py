@@ -76,25 +76,27 @@ class RolloutEngine:
 
         params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
                                  logprobs=0, seed=s) for s in seeds]
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self._run(prompts, params)
         return [[Sample(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
                  for c in out.outputs] for out in outs]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams
 
-        params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens)
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        outs = self._run(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens))
         return [list(out.outputs[0].token_ids) for out in outs]
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
-        outs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        outs = self._run(sequences, SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0))
         return [[pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], seq[1:])]
                 for out, seq in zip(outs, sequences)]
+
+    def _run(self, prompts: list[list[int]], params):
+        """Token ids in, RequestOutputs out (one SamplingParams for all, or one per prompt)."""
+        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
 
     def sleep(self) -> None:
         """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""

@@ -126,7 +126,7 @@ def setup(cfg: Config) -> Run:
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
     logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}; models: "
                  f"actor {cfg.model.path}" + (", reference (frozen, same init)" if reference else "")
-                 + f"; rewards: {', '.join(getattr(f, '__name__', str(f)) for f, _ in reward_fns)}")
+                 + f"; rewards: {', '.join(rewards.fn_name(f) for f, _ in reward_fns)}")
     return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, engine, policy,
                reference, optimizer, scheduler, logger, run_dir)
 
