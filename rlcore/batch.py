@@ -8,8 +8,10 @@ Layout (one rank's share of a step, B sequences):
     rollout_logprobs[B, T]  log p(token) seen by the inference engine while sampling
     old_logprobs    [B, T]  the trainer's log p(token) before this step's update
     ref_logprobs    [B, T]  the frozen reference model's log p(token) (None without one)
+    values          [B, T]  the critic's value estimates before this step's update (None without a critic)
     rewards         [B]     scalar reward per sequence
     advantages      [B, T]  per-token advantage, written by the algorithm
+    returns         [B, T]  value targets, written by algorithms with a critic
 
 Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
 """
@@ -29,9 +31,12 @@ class Batch:
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_size: int
+    max_new_tokens: int = 0  # the generation budget the responses were sampled with
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -45,6 +50,24 @@ class Batch:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             fields[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
+        return Batch(**fields)
+
+    @staticmethod
+    def cat(batches: list["Batch"], pad_id: int) -> "Batch":
+        """Rows of every batch in order, right-padded to the longest (per-token fields padded with 0)."""
+        L = max(b.input_ids.shape[1] for b in batches)
+        fields = {}
+        for f in dataclasses.fields(Batch):
+            values = [getattr(b, f.name) for b in batches]
+            if not isinstance(values[0], torch.Tensor):
+                fields[f.name] = values[0]
+                continue
+            padded = []
+            for b, v in zip(batches, values):
+                grow = (L - b.input_ids.shape[1]) if v.dim() == 2 else 0
+                fill = pad_id if f.name == "input_ids" else 0
+                padded.append(torch.nn.functional.pad(v, (0, grow), value=fill) if grow else v)
+            fields[f.name] = torch.cat(padded)
         return Batch(**fields)
 
 

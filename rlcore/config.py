@@ -16,6 +16,7 @@ class ModelConfig:
     mixed_precision: str = "none"  # FSDP2 compute dtype: none | bfloat16 (GPU); reductions stay fp32
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (saves memory, GPU)
     attn_implementation: str = "sdpa"  # transformers attention kernel for the trainer: sdpa | eager
+    offload_frozen: bool = False  # CUDA: keep the frozen reference / reward models' shards in CPU memory
 
 
 @dataclass
@@ -71,8 +72,15 @@ class TrainConfig:
 
 
 @dataclass
+class CriticConfig:
+    path: str = ""  # "" = no critic; "policy" = initialise from model.path; or a transformers model folder/hub id
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # the critic's own AdamW + schedule
+
+
+@dataclass
 class RewardSpec:
-    fn: Any = ""  # a callable, or "module:function" / "path/to/file.py:function"
+    fn: Any = ""  # a callable, or "module:function" / "path/to/file.py:function" / a built-in name
+    model: str = ""  # or: a transformers sequence-classification reward model (folder or hub id), frozen
     weight: float = 1.0  # weight of this reward in the weighted sum
 
 
@@ -87,14 +95,18 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
 
 
-# An algorithm is any object with this shape; rlcore never imports a specific one.
-#   validate(cfg: Config) -> None             raise ValueError naming the bad field
-#   needs_reference: bool                     build the frozen reference model?
-#   advantages(batch: Batch) -> Tensor [B, T] per-token advantages
-#   loss(batch, logprobs, norm) -> (loss, metrics)   see rlcore.algorithms.grpo for the contract
+# An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).
+#   validate(cfg: Config) -> None                  raise ValueError naming the bad field
+#   needs_reference: bool                          build the frozen reference model?
+#   needs_critic: bool (optional, default False)   build the critic (cfg.critic) and call value_loss
+#   advantages(batch, reduce) -> (Tensor [B, T], metrics)   reduce(t) sums a tensor over ranks
+#   loss(batch, logprobs, norm) -> (loss, metrics)          see rlcore.objectives.PolicyLoss
+#   value_loss(batch, values, norm) -> (loss, metrics)      only with needs_critic
+#   dynamic_sampling: int (optional, default 0)    extra draw rounds to replace groups with all-equal rewards
 Algorithm = Any
 RewardFn = Callable[..., list[float]]

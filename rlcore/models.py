@@ -1,8 +1,12 @@
-"""The trained and frozen transformers models: actor (policy) and reference.
+"""The four models of RL post-training, as transformers models:
 
-Model code holds no parallelism: `load_causal_lm` returns a plain transformers model and `shard`
-applies FSDP2 from outside, one `fully_shard` per decoder layer plus the root. The critic (PPO) will
-live here too, as a value head on the same kind of backbone.
+    actor (policy)  trained    a causal LM                         load_causal_lm
+    reference       frozen     the same causal LM at its init      load_causal_lm(trainable=False)
+    critic          trained    a value head on the same backbone   load_critic   (TokenClassification, 1 label)
+    reward model    frozen     a sequence classifier, 1 label      load_reward_model
+
+Model code holds no parallelism: each loader returns a plain transformers model and `shard` applies FSDP2
+from outside, one `fully_shard` per decoder layer plus the root, the same for all four.
 """
 from __future__ import annotations
 
@@ -12,32 +16,52 @@ import os
 import torch
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlcore.config import ModelConfig, OptimConfig
+from rlcore.config import CriticConfig, ModelConfig, OptimConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def check_model(path: str):
+def check_model(path: str, field: str = "model.path"):
     """Read config.json only (no weights) and check it is a causal LM. Returns the HF config."""
-    from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    hf_config = _read_config(path, field)
+    if hf_config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{field} '{path}' is a '{hf_config.model_type}' model, not a causal LM "
+                         f"(e.g. qwen2, qwen3, llama)")
+    return hf_config
+
+
+def check_reward_model(path: str, field: str):
+    """A reward model must be a sequence classifier with one label (its logit is the reward)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    hf_config = _read_config(path, field)
+    archs = hf_config.architectures or []
+    if not any(a.endswith("ForSequenceClassification") for a in archs) or \
+            hf_config.model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        raise ValueError(f"{field} '{path}' is a {', '.join(archs) or hf_config.model_type}, not a sequence "
+                         f"classifier (a reward model is a *ForSequenceClassification with num_labels=1)")
+    if hf_config.num_labels != 1:
+        raise ValueError(f"{field} '{path}' has num_labels={hf_config.num_labels}; a reward model has 1")
+    return hf_config
+
+
+def _read_config(path: str, field: str):
+    from transformers import AutoConfig
 
     local = os.path.exists(path)
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or not path
     if not local and looks_local:
-        raise ValueError(f"model.path '{path}' does not exist (expected a local model folder or a hub id)")
+        raise ValueError(f"{field} '{path}' does not exist (expected a local model folder or a hub id)")
     try:
-        hf_config = AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"model.path '{path}' is not a loadable transformers model: {first}") from None
-    if hf_config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ValueError(f"model.path '{path}' is a '{hf_config.model_type}' model, not a causal LM "
-                         f"(e.g. qwen2, qwen3, llama)")
-    return hf_config
+        raise ValueError(f"{field} '{path}' is not a loadable transformers model: {first}") from None
 
 
 def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
@@ -55,16 +79,50 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
     return model
 
 
+def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
+    """A value head (one output per token) on the policy's backbone, or on the backbone of `critic.path`.
+    From a causal LM the head is new: it starts at zero, so V = 0 everywhere before the first update."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    path = cfg.path if critic.path == "policy" else critic.path
+    config = AutoConfig.from_pretrained(path, num_labels=1)
+    config.classifier_dropout = 0.0  # dropout would make V differ between the rollout pass and the update
+    hf_logging.set_verbosity_error()  # the LM head is dropped and the value head is new: expected
+    model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
+                                                            attn_implementation=cfg.attn_implementation)
+    hf_logging.set_verbosity_warning()
+    if critic.path == "policy" or "ForTokenClassification" not in str(model.config.architectures):
+        torch.nn.init.zeros_(model.score.weight)
+        torch.nn.init.zeros_(model.score.bias) if model.score.bias is not None else None
+    if cfg.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()
+
+
+def load_reward_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[cfg.dtype],
+                                                               attn_implementation=cfg.attn_implementation)
+    model.config.use_cache = False
+    return model.eval().requires_grad_(False)
+
+
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     return model.get_decoder().layers
 
 
-def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig) -> torch.nn.Module:
-    """FSDP2: each decoder layer is one all-gather unit, the root holds embeddings, norm and head."""
+def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bool = False) -> torch.nn.Module:
+    """FSDP2: each decoder layer is one all-gather unit, the root holds embeddings, norm and head.
+    Frozen models (reference, reward) may keep their shards in CPU memory between uses (CUDA only)."""
     mp = None
     if cfg.mixed_precision != "none":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.mixed_precision], reduce_dtype=torch.float32)
     kwargs = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
+    if frozen and cfg.offload_frozen and mesh.device_type == "cuda":
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=True)
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
@@ -91,6 +149,28 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         return logprobs
     entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
     return logprobs, entropy
+
+
+def token_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The critic's V before each next token, aligned with logprobs: values[:, t] scores the state that
+    produced input_ids[:, t + 1]. Returns [B, T=L-1]."""
+    return critic(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, 0].float()
+
+
+def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """One scalar per right-padded sequence [B]: the classifier's logit at its last real token.
+
+    The model's own pooling finds that token from pad_token_id, which picks the wrong one when the pad id is
+    also the EOS a response ends with; so the per-token logits are read off the `score` head instead (the
+    whole model still runs its forward, which FSDP needs)."""
+    seen = []
+    handle = reward_model.score.register_forward_hook(lambda module, args, out: seen.append(out))
+    try:
+        reward_model(input_ids=input_ids, attention_mask=attention_mask)
+    finally:
+        handle.remove()
+    last = attention_mask.sum(-1) - 1  # [B]
+    return seen[0][torch.arange(len(last)), last, 0].float()  # [B]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):

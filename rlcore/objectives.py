@@ -1,5 +1,7 @@
-"""Objective building blocks shared by every algorithm: KL estimators, the clipped surrogate, loss
-aggregation and masked statistics. Algorithms (rlcore/algorithms/*.py) compose these; none is defined twice.
+"""Objective building blocks shared by every algorithm: KL estimators (as a loss term or a reward penalty),
+the clipped surrogate, truncated importance sampling, loss aggregation, masked (and globally reduced)
+statistics, and `PolicyLoss`, the clipped policy-gradient loss every algorithm's `loss` is. Algorithms
+(rlcore/algorithms/*.py) compose these; none is defined twice.
 
 The normalisation contract (why the gradient does not depend on how a step's batch is split)
 -------------------------------------------------------------------------------------------------
@@ -17,12 +19,24 @@ global count), so the trainer sums it over micro-batches and ranks to get the st
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
-from rlcore.batch import Normaliser
+from rlcore.batch import Batch, Normaliser
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+TIS_LEVELS = ("token", "sequence")
+TIS_MODES = ("truncate", "mask")
+
+# Sums a tensor over every rank (an all-reduce); the identity in a single process.
+Reduce = Callable[[torch.Tensor], torch.Tensor]
+
+
+def no_reduce(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -93,14 +107,66 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     return masked_sum(x, mask, dim) / masked_sum(torch.ones_like(x), mask, dim).clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce = no_reduce, shift_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
     """(x - mean) / (std + eps) with mean and (population) std over masked entries; 0 outside the mask.
+    `reduce` sums the moments over ranks, so every rank whitens with the global batch's statistics.
+    shift_mean=False keeps the mean: x / (std + eps).
 
     Example: x = [[1, 3, 9]], mask = [[1, 1, 0]] -> mean 2, std 1 -> [[-1, 1, 0]].
     """
-    mean = masked_mean(x, mask)
-    std = masked_mean((x - mean) ** 2, mask).sqrt()
-    return (x - mean) / (std + eps) * mask.to(x.dtype)
+    m = mask.to(x.dtype)
+    n, s1, s2 = reduce(torch.stack([m.sum(), (x * m).sum(), (x * x * m).sum()]).double()).tolist()
+    mean = s1 / max(n, 1.0)
+    std = max(s2 / max(n, 1.0) - mean**2, 0.0) ** 0.5
+    return ((x - mean) if shift_mean else x) / (std + eps) * m
+
+
+def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float,
+                level: str = "token", mode: str = "truncate") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Truncated importance sampling for the sampler/trainer mismatch: the engine sampled from pi_rollout, the
+    trainer's loss assumes pi_old. Weight w = pi_old / pi_rollout, per token or per sequence (the product over
+    its response tokens), then
+
+        truncate: min(w, cap)           mask: w where w <= cap, else 0 (the token or sequence is dropped)
+
+    Returns (weights [B, T] detached, raw w [B, T], truncated [B, T] bool), 0 / False outside the mask.
+    Example (token, cap 2): old - rollout = [0.0, 1.0, -1.0] -> w = [1, 2.718, 0.368];
+    truncate -> [1, 2, 0.368]; mask -> [1, 0, 0.368]; the middle token counts as truncated.
+    """
+    if level not in TIS_LEVELS:
+        raise ValueError(f"unknown importance-sampling level {level!r}; valid: {', '.join(TIS_LEVELS)}")
+    if mode not in TIS_MODES:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; valid: {', '.join(TIS_MODES)}")
+    m = loss_mask.to(old_logprobs.dtype)
+    log_w = (old_logprobs - rollout_logprobs).detach() * m  # [B, T]
+    if level == "sequence":
+        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # [B, T], the sequence's weight on each token
+    w = torch.exp(log_w) * m  # [B, T]
+    truncated = (w > cap) & (m > 0)  # [B, T]
+    weights = torch.where(truncated, torch.full_like(w, cap if mode == "truncate" else 0.0), w)
+    return weights, w, truncated
+
+
+def token_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, kl: torch.Tensor | None = None,
+                  kl_coef: float = 0.0) -> torch.Tensor:
+    """Per-token rewards [B, T] for a return: the sequence reward on its last response token, minus
+    kl_coef * kl on every response token (the KL estimator used as a reward penalty, as in RLHF PPO).
+
+    Example: rewards [1.0], loss_mask [[0, 1, 1]], kl [[9, 0.5, 0.25]], kl_coef 0.1 -> [[0, -0.05, 0.975]].
+    """
+    m = loss_mask.to(torch.float32)
+    positions = torch.arange(m.shape[1], device=m.device).expand_as(m)  # [B, T]
+    last = (positions * m).argmax(-1)  # [B] index of the last response token
+    out = torch.zeros_like(m)
+    out[torch.arange(m.shape[0]), last] = rewards.float() * (m.sum(-1) > 0)
+    if kl is not None and kl_coef:
+        out = out - kl_coef * kl.float() * m
+    return out * m
+def global_token_mean(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce = no_reduce) -> float:
+    """Mean of x over every rank's masked entries (e.g. a metric computed before the update)."""
+    n, total = reduce(torch.stack([mask.sum(), (x * mask).sum()]).double()).tolist()
+    return total / max(n, 1.0)
 
 
 def local_normaliser(loss_mask: torch.Tensor) -> Normaliser:
@@ -147,3 +213,81 @@ def aggregate(
         seq_loss = seq_sum / max_len  # [B]
     # Rows without response tokens add 0 here and are not counted in norm.sequences.
     return seq_loss.sum() / max(norm.sequences, 1.0)
+
+
+@dataclass
+class PolicyLoss:
+    """The clipped policy-gradient loss, with every knob the algorithms share. GRPO, PPO and REINFORCE++
+    subclass it and add how they compute advantages; their `loss` is this one.
+
+        per token:  TIS weight * clipped_surrogate(ratio, A)  +  kl_coef * KL_est(pi_theta || pi_ref)
+        reduced:    aggregate(per token, loss_agg)
+
+    Metrics (token means unless said): policy/pg_loss (aggregated like the loss), policy/clip_frac,
+    policy/kl (k3 KL(pi_theta || pi_old): how far the update moved), policy/ref_kl (when kl_coef > 0),
+    policy/is_weight_mean and policy/is_truncated_frac (when tis_cap > 0).
+    """
+
+    clip_low: float = 0.2  # ratio floor is 1 - clip_low
+    clip_high: float = 0.2  # ratio ceiling is 1 + clip_high (clip-higher, e.g. DAPO: 0.28)
+    dual_clip: float = 0.0  # cap the loss of negative-advantage tokens at dual_clip * |A|; 0 = off, else > 1
+    kl_coef: float = 0.0  # weight of KL(pi_theta || pi_ref) as a per-token loss term; 0 = none
+    kl_estimator: str = "k3"  # estimator for that loss term: k1 | k2 | k3
+    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    tis_cap: float = 0.0  # truncated importance sampling pi_old / pi_rollout capped at this (e.g. 2); 0 = off
+    tis_level: str = "token"  # token | sequence: weight each token, or each sequence by its product
+    tis_mode: str = "truncate"  # truncate (min(w, cap)) | mask (drop where w > cap)
+
+    def validate(self, cfg) -> None:
+        """Raise ValueError naming the first bad field (fields of the loss; subclasses add their own)."""
+        for name in ("clip_low", "clip_high"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)}): a negative value "
+                                 f"inverts the ratio range [1 - clip_low, 1 + clip_high]")
+        for name in ("kl_coef", "tis_cap"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)})")
+        if self.clip_low >= 1:
+            raise ValueError(f"algorithm.clip_low must be < 1 so the ratio floor 1 - clip_low stays positive "
+                             f"(got {self.clip_low})")
+        if self.dual_clip and self.dual_clip <= 1 + self.clip_high:
+            raise ValueError(f"algorithm.dual_clip must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, "
+                             f"above the ratio ceiling (got {self.dual_clip})")
+        if 0 < self.tis_cap < 1:
+            raise ValueError(f"algorithm.tis_cap must be 0 (off) or >= 1 (got {self.tis_cap})")
+        for name, valid in (("loss_agg", AGG_MODES), ("kl_estimator", KL_ESTIMATORS), ("tis_level", TIS_LEVELS),
+                            ("tis_mode", TIS_MODES)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"algorithm.{name} must be one of {', '.join(valid)} (got {getattr(self, name)!r})")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def loss(self, batch: Batch, logprobs: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, dict]:
+        """This micro-batch's loss contribution and metrics; `logprobs` [B, T] carry the gradient, every other
+        tensor comes from `batch` (old_logprobs, advantages, loss_mask, ref_logprobs, rollout_logprobs)."""
+        mask, tokens = batch.loss_mask, max(norm.tokens, 1.0)
+        # Dr.GRPO's constant divisor: the generation budget, the same on every rank and micro-batch.
+        max_len = norm.max_len or mask.shape[1]
+        pg, clipped = clipped_surrogate(logprobs, batch.old_logprobs, batch.advantages, self.clip_low,
+                                        self.clip_high, self.dual_clip or None)  # [B, T] x2
+        metrics = {}
+        if self.tis_cap > 0:
+            weights, raw, truncated = tis_weights(batch.old_logprobs, batch.rollout_logprobs, mask, self.tis_cap,
+                                                  self.tis_level, self.tis_mode)  # [B, T] x3
+            pg = pg * weights
+            metrics["policy/is_weight_mean"] = masked_sum(raw, mask) / tokens
+            metrics["policy/is_truncated_frac"] = masked_sum(truncated.float(), mask) / tokens
+        per_token = pg  # [B, T]
+        with torch.no_grad():
+            metrics["policy/pg_loss"] = aggregate(pg, mask, self.loss_agg, norm, max_len)
+            metrics["policy/clip_frac"] = masked_sum(clipped.float(), mask) / tokens
+            metrics["policy/kl"] = masked_sum(kl_estimate(logprobs, batch.old_logprobs, "k3"), mask) / tokens
+        if self.kl_coef > 0:
+            if batch.ref_logprobs is None:
+                raise ValueError("kl_coef > 0 needs ref_logprobs (the frozen reference model's logprobs)")
+            per_token = pg + self.kl_coef * kl_estimate(logprobs, batch.ref_logprobs, self.kl_estimator)
+            metrics["policy/ref_kl"] = masked_sum(kl_estimate(logprobs, batch.ref_logprobs, "k3").detach(),
+                                                  mask) / tokens
+        return aggregate(per_token, mask, self.loss_agg, norm, max_len), metrics

@@ -50,6 +50,10 @@ def all_max(value: float) -> float:
     return t.item()
 
 
+def all_min(value: float) -> float:
+    return -all_max(-value)
+
+
 def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -> int:
     """vLLM draws sample j of a request seeded s with seed s + j: keep prompts group_size apart."""
     return ((run_seed * 1_000_003 + step) * 1_000_033 + prompt_index) * group_size % 2**62
@@ -65,14 +69,26 @@ class Run:
     tokenizer: object
     prompts: PromptStream
     eval_rows: list[dict]
-    reward_fns: list
+    reward_fns: list  # [(function, weight)]
+    reward_models: list  # [(RewardModel, weight)]
     engine: RolloutEngine
     policy: torch.nn.Module
     reference: torch.nn.Module | None
+    critic: torch.nn.Module | None
     optimizer: torch.optim.Optimizer
     scheduler: object
+    critic_optimizer: torch.optim.Optimizer | None
+    critic_scheduler: object
     logger: RunLogger
     run_dir: Path
+
+
+@dataclass
+class RewardModel:
+    """A frozen sequence classifier scoring (prompt, completion) texts with its own tokenizer."""
+    path: str
+    model: torch.nn.Module
+    tokenizer: object
 
 
 def setup(cfg: Config) -> Run:
@@ -89,6 +105,11 @@ def setup(cfg: Config) -> Run:
             getattr(importlib.import_module(module), fn)(cfg)
         dist.barrier()
     hf_config = models.check_model(cfg.model.path)
+    for i, spec in enumerate(cfg.rewards):
+        if spec.model:
+            models.check_reward_model(spec.model, f"rewards[{i}].model")
+    if needs_critic(cfg) and cfg.critic.path != "policy" and not _is_value_model(cfg.critic.path):
+        models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
     dims.validate(hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None))
     max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
     context = getattr(hf_config, "max_position_embeddings", max_model_len)
@@ -99,7 +120,7 @@ def setup(cfg: Config) -> Run:
 
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards]
+    reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards if not spec.model]
     table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
                              cfg.data, tokenizer, "data.path")
     fsdp_mesh, rollout_mesh = build_meshes(dims)
@@ -119,16 +140,41 @@ def setup(cfg: Config) -> Run:
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len)
     policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
-    reference = None
-    if cfg.algorithm.needs_reference:
-        reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
+    reference = critic = critic_optimizer = critic_scheduler = None
+    if cfg.algorithm.needs_reference:
+        reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
+                                 frozen=True)
+    if needs_critic(cfg):
+        critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
+        critic_optimizer, critic_scheduler = models.build_optimizer(critic, cfg.critic.optim,
+                                                                    total_optimizer_steps(cfg))
+    reward_models = [(RewardModel(spec.model, models.shard(models.load_reward_model(spec.model, cfg.model),
+                                                           fsdp_mesh, cfg.model, frozen=True),
+                                  AutoTokenizer.from_pretrained(spec.model)), spec.weight)
+                     for spec in cfg.rewards if spec.model]
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
-    logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}; models: "
-                 f"actor {cfg.model.path}" + (", reference (frozen, same init)" if reference else "")
-                 + f"; rewards: {', '.join(rewards.fn_name(f) for f, _ in reward_fns)}")
-    return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, engine, policy,
-               reference, optimizer, scheduler, logger, run_dir)
+    logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}, FSDP over "
+                 f"{world}")
+    critic_from = cfg.model.path if cfg.critic.path == "policy" else cfg.critic.path
+    offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
+    logger.print(f"rlcore: models: actor {cfg.model.path} (trained) | critic "
+                 + (f"{critic_from} + value head (trained)" if critic else "none")
+                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
+                 + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
+                                            + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]))
+    return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, reward_models, engine,
+               policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir)
+
+
+def needs_critic(cfg: Config) -> bool:
+    return bool(getattr(cfg.algorithm, "needs_critic", False))
+
+
+def _is_value_model(path: str) -> bool:
+    """A saved critic (token classifier) rather than a causal LM backbone."""
+    config = Path(path) / "config.json"
+    return config.exists() and "ForTokenClassification" in config.read_text()
 
 
 def validate(cfg: Config, dims: ParallelDims) -> None:
@@ -136,7 +182,14 @@ def validate(cfg: Config, dims: ParallelDims) -> None:
         raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
     cfg.algorithm.validate(cfg)
     if not cfg.rewards:
-        raise ValueError("rewards is empty: the recipe must list at least one reward function")
+        raise ValueError("rewards is empty: the recipe must list at least one reward function or model")
+    for i, spec in enumerate(cfg.rewards):
+        if bool(spec.fn) == bool(spec.model):
+            raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
+                             f"sequence-classification reward model)")
+    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards):
+        raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
+                         "correctness); set data.eval_path= to turn eval off")
     r, t = cfg.rollout, cfg.train
     if r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
@@ -156,11 +209,12 @@ def total_optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.train.epochs_per_step * cfg.train.mini_batches
 
 
-def generate(run: Run, step: int) -> tuple[Batch, list[dict], list[str], int]:
-    """Sample this group's prompts; keep this rank's 1/k of them. Returns (batch, rows, completions, tokens)."""
+def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, list[dict], list[str], int]:
+    """Sample this group's next prompts; keep this rank's 1/k of them. Returns (batch, rows, completions,
+    tokens generated by this rank's share of the engine). `draw` > 0 are dynamic sampling's extra draws."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     rows = run.prompts.next_batch()  # identical on every rank of the group
-    first = run.group * len(rows)
+    first = draw * cfg.rollout.prompts_per_step + run.group * len(rows)
     seeds = [rollout_seed(cfg.seed, step, first + i, G) for i in range(len(rows))]
     samples = run.engine.generate([r["prompt_ids"] for r in rows], G, cfg.rollout.max_new_tokens,
                                   cfg.rollout.temperature, seeds)
@@ -170,8 +224,7 @@ def generate(run: Run, step: int) -> tuple[Batch, list[dict], list[str], int]:
     rows, samples = rows[mine], samples[mine]
     pairs = [(r["prompt_ids"], s) for r, per_prompt in zip(rows, samples) for s in per_prompt]
     L = max(len(p) + len(s.token_ids) for p, s in pairs)
-    pad = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else 0
-    input_ids = torch.full((len(pairs), L), pad, dtype=torch.long)
+    input_ids = torch.full((len(pairs), L), pad_id(run.tokenizer), dtype=torch.long)
     attention_mask = torch.zeros(len(pairs), L, dtype=torch.long)
     loss_mask = torch.zeros(len(pairs), L - 1)
     rollout_logprobs = torch.zeros(len(pairs), L - 1)
@@ -182,8 +235,64 @@ def generate(run: Run, step: int) -> tuple[Batch, list[dict], list[str], int]:
         loss_mask[i, n - 1:n + m - 1] = 1  # position t scores token t + 1
         rollout_logprobs[i, n - 1:n + m - 1] = torch.tensor(s.logprobs)
     completions = [run.tokenizer.decode(s.token_ids, skip_special_tokens=True) for _, s in pairs]
-    batch = Batch(input_ids, attention_mask, loss_mask, rollout_logprobs, torch.zeros(len(pairs)), G)
+    batch = Batch(input_ids, attention_mask, loss_mask, rollout_logprobs, torch.zeros(len(pairs)), G,
+                  cfg.rollout.max_new_tokens)
     return batch, [r for r in rows for _ in range(G)], completions, generated // run.dims.tp
+
+
+def pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+
+def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
+    """Generate and reward this rank's share of the step. With dynamic sampling, groups whose rewards are all
+    equal (zero advantage under any group baseline) are dropped and further prompts drawn, in rounds taken
+    by every rank together, until every rank has its share or the algorithm's bound on rounds is spent."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    extra_draws = getattr(cfg.algorithm, "dynamic_sampling", 0)
+    need = cfg.rollout.prompts_per_step // run.dims.world_size * G  # sequences per rank
+    kept: list[Batch] = []
+    have = drawn_groups = kept_groups = 0
+    r_sum = r_sq = r_n = generated = t_generate = t_reward = 0.0
+    for draw in range(1 + extra_draws):
+        t = time.perf_counter()
+        batch, rows, completions, tokens = sample(run, step, draw)
+        t_generate += time.perf_counter() - t
+        t = time.perf_counter()
+        batch.rewards = score(run, rows, completions)
+        t_reward += time.perf_counter() - t
+        generated += tokens
+        r_sum, r_sq, r_n = r_sum + batch.rewards.sum().item(), r_sq + (batch.rewards ** 2).sum().item(), r_n + len(batch)
+        groups = batch.rewards.view(-1, G)  # [B / G, G]
+        keep = (groups.max(-1).values > groups.min(-1).values) if extra_draws else torch.ones(len(groups), dtype=torch.bool)
+        drawn_groups += len(groups)
+        kept_groups += int(keep.sum())
+        rows_kept = torch.repeat_interleave(keep, G).nonzero().squeeze(-1)  # [kept sequences]
+        if len(rows_kept):
+            kept.append(_select(batch, rows_kept))
+        have += len(rows_kept)
+        if all_min(have) >= need:  # every rank has its share
+            break
+    else:
+        lowest = all_min(have)
+        raise RunError(f"dynamic sampling kept {lowest // G} of the {need // G} prompt groups a rank needs after "
+                       f"{1 + extra_draws} draws at step {step} (every other group's rewards were all equal); "
+                       f"raise algorithm.dynamic_sampling or rollout.group_size, or turn it off with "
+                       f"algorithm.dynamic_sampling=0")
+    batch = Batch.cat(kept, pad_id(run.tokenizer)).rows(0, need)
+    r_sum, r_sq, r_n, generated, drawn_groups, kept_groups = all_sum(r_sum, r_sq, r_n, generated, drawn_groups,
+                                                                     kept_groups)
+    mean = r_sum / r_n
+    stats = {"reward/mean": mean, "reward/std": max(r_sq / r_n - mean ** 2, 0.0) ** 0.5,
+             "time/generate_s": t_generate, "time/reward_s": t_reward,
+             "throughput/generate_tok_s": generated / max(t_generate, 1e-9)}
+    if extra_draws:
+        stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
+    return batch, stats
+
+
+def _select(batch: Batch, index: torch.Tensor) -> Batch:
+    return Batch(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()})
 
 
 def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict[str, list]]:
@@ -193,15 +302,39 @@ def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict
 
 
 def score(run: Run, rows: list[dict], completions: list[str]) -> torch.Tensor:
-    """Weighted reward per sequence; any rank's reward error stops every rank before the update."""
+    """Weighted reward per sequence: reward functions plus reward models. Any rank's reward-function error
+    stops every rank before the update."""
     prompts, columns = reward_inputs(rows, run.cfg.data.prompt_column)
-    error, total = None, None
+    error, total = None, torch.zeros(len(rows))
     try:
-        total, _ = rewards.score(run.reward_fns, prompts, completions, columns)
+        if run.reward_fns:
+            total, _ = rewards.score(run.reward_fns, prompts, completions, columns)
     except rewards.RewardError as e:
         error = str(e)
     agree(error)
+    for rm, weight in run.reward_models:
+        total = total + weight * reward_model_scores(run, rm, prompts, completions)
     return total
+
+
+@torch.no_grad()
+def reward_model_scores(run: Run, rm: RewardModel, prompts: list[str], completions: list[str]) -> torch.Tensor:
+    """[B] scores from a reward model: prompt + completion re-tokenized with the reward model's tokenizer
+    (through its chat template, as a user and an assistant turn, when the data uses one)."""
+    if run.cfg.data.chat_template and rm.tokenizer.chat_template:
+        ids = [rm.tokenizer.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
+                                                tokenize=True) for p, c in zip(prompts, completions)]
+        ids = [x["input_ids"] if hasattr(x, "keys") else x for x in ids]
+    else:
+        ids = [rm.tokenizer(p + c).input_ids for p, c in zip(prompts, completions)]
+    dev, mbs, out = device_type(), run.cfg.train.micro_batch_size, []
+    for i in range(0, len(ids), mbs):
+        chunk = ids[i:i + mbs]
+        L = max(map(len, chunk))
+        input_ids = torch.tensor([x + [pad_id(rm.tokenizer)] * (L - len(x)) for x in chunk], device=dev)
+        attention_mask = torch.tensor([[1] * len(x) + [0] * (L - len(x)) for x in chunk], device=dev)
+        out.append(models.sequence_scores(rm.model, input_ids, attention_mask).cpu())
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -213,12 +346,28 @@ def forward_logprobs(run: Run, model: torch.nn.Module, batch: Batch) -> torch.Te
     return torch.cat(out)  # [B, T]
 
 
+@torch.no_grad()
+def forward_values(run: Run, batch: Batch) -> torch.Tensor:
+    dev, mbs = device_type(), run.cfg.train.micro_batch_size
+    out = [models.token_values(run.critic, batch.input_ids[i:i + mbs].to(dev),
+                               batch.attention_mask[i:i + mbs].to(dev)).cpu() for i in range(0, len(batch), mbs)]
+    return torch.cat(out) * batch.loss_mask  # [B, T]
+
+
+def reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over every rank (the `reduce` algorithms use for global statistics)."""
+    out = t.to(device_type(), torch.float64)
+    dist.all_reduce(out)
+    return out.cpu()
+
+
 def update(run: Run, batch: Batch) -> dict[str, float]:
-    """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches."""
+    """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches.
+    The critic (when there is one) takes its own optimizer step on the same micro-batches."""
     cfg, dev = run.cfg, device_type()
     rows = len(batch) // cfg.train.mini_batches
     sums: dict[str, float] = {}
-    grad_norms = []
+    grad_norms, value_grad_norms = [], []
     for _ in range(cfg.train.epochs_per_step):
         for start in range(0, len(batch), rows):
             mini = batch.rows(start, start + rows)
@@ -232,36 +381,44 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
                 loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                 loss.backward()
                 metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
+                if run.critic is not None:
+                    values = models.token_values(run.critic, micro.input_ids, micro.attention_mask)
+                    value_loss, value_metrics = cfg.algorithm.value_loss(micro, values, norm)
+                    value_loss.backward()
+                    metrics |= value_metrics
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
+            if run.critic is not None:
+                value_grad_norms.append(models.clip_grad_norm(run.critic, cfg.critic.optim.max_grad_norm))
+                run.critic_optimizer.step()
+                run.critic_scheduler.step()
+                run.critic_optimizer.zero_grad(set_to_none=True)
     keys = sorted(sums)
     totals = all_sum(*(sums[k] for k in keys))
     n_steps = len(grad_norms)
     out = {k: v / n_steps for k, v in zip(keys, totals)}
     out["policy/grad_norm"] = sum(grad_norms) / n_steps
     out["optim/lr"] = run.scheduler.get_last_lr()[0]
+    if value_grad_norms:
+        out["value/grad_norm"] = sum(value_grad_norms) / n_steps
     return out
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
     cfg, t_step = run.cfg, time.perf_counter()
-    t = time.perf_counter()
-    batch, rows, completions, generated = generate(run, step)
-    t_generate = time.perf_counter() - t
+    batch, metrics = collect(run, step)
     run.engine.sleep()
-
-    t = time.perf_counter()
-    batch.rewards = score(run, rows, completions)
-    t_reward = time.perf_counter() - t
 
     t = time.perf_counter()
     batch.old_logprobs = forward_logprobs(run, run.policy, batch)
     if run.reference is not None:
         batch.ref_logprobs = forward_logprobs(run, run.reference, batch)
+    if run.critic is not None:
+        batch.values = forward_values(run, batch)
     # The engine sampled with the weights the trainer holds now: any gap is a broken sync.
     diff = (batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask
     diff_sum, tokens = all_sum(diff.sum().item(), batch.loss_mask.sum().item())
@@ -273,24 +430,18 @@ def train_step(run: Run, step: int) -> dict[str, float]:
                        f"stale or corrupted weights (weight sync failed)")
 
     t = time.perf_counter()
-    batch.advantages = cfg.algorithm.advantages(batch)
-    metrics = update(run, batch)
+    batch.advantages, advantage_metrics = cfg.algorithm.advantages(batch, reduce_sum)
+    metrics |= advantage_metrics | update(run, batch)
     t_train = time.perf_counter() - t
 
     stats = run.engine.sync_weights(run.policy)
-    r_sum, r_sq, n, length, gen_tokens = all_sum(batch.rewards.sum().item(), (batch.rewards ** 2).sum().item(),
-                                                 len(batch), batch.loss_mask.sum().item(), generated)
-    mean = r_sum / n
+    n, length = all_sum(len(batch), batch.loss_mask.sum().item())
     metrics |= {
-        "reward/mean": mean,
-        "reward/std": max(r_sq / n - mean ** 2, 0.0) ** 0.5,
         "response/length_mean": length / n,
         "rollout/logprob_diff_mean": diff_sum / max(tokens, 1.0),
         "rollout/logprob_diff_max": diff_max,
-        "time/generate_s": t_generate, "time/reward_s": t_reward, "time/logprobs_s": t_logprobs,
-        "time/train_s": t_train, "time/sync_s": stats.seconds,
+        "time/logprobs_s": t_logprobs, "time/train_s": t_train, "time/sync_s": stats.seconds,
         "time/step_s": time.perf_counter() - t_step,
-        "throughput/generate_tok_s": gen_tokens / max(t_generate, 1e-9),
         "throughput/train_tok_s": length / max(t_train, 1e-9),
         "sync/gb": stats.bytes / 1e9, "sync/peak_bucket_gb": stats.peak_bucket_bytes / 1e9,
         "memory/peak_gb": all_max(peak_memory_gb()),

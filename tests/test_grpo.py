@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.algorithms.grpo import GRPO, group_advantages
+from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, group_advantages, overlong_penalty
 from rlcore.batch import Batch
 from rlcore.config import Config
 from rlcore.objectives import local_normaliser
@@ -50,8 +50,30 @@ def test_advantages_broadcast_on_response_tokens():
     # rewards [1, 0]: mean 0.5, sample std sqrt(0.5); 0.5 / sqrt(0.5) = 0.707107
     a = 0.5 / math.sqrt(0.5)
     expected = torch.tensor([[0.0, a, a], [0.0, -a, 0.0]])
-    torch.testing.assert_close(GRPO().advantages(_batch()), expected, atol=1e-5, rtol=0)
-    torch.testing.assert_close(GRPO(scale_rewards=False).advantages(_batch()), expected / a * 0.5, atol=1e-6, rtol=0)
+    advantages, metrics = GRPO().advantages(_batch())
+    torch.testing.assert_close(advantages, expected, atol=1e-5, rtol=0)
+    assert metrics == {}
+    advantages, _ = dr_grpo().advantages(_batch())
+    torch.testing.assert_close(advantages, expected / a * 0.5, atol=1e-6, rtol=0)
+
+
+def test_overlong_penalty():
+    # max_len 8, buffer 4: free up to 4 tokens, then -1/4 per token into the buffer
+    lengths = torch.tensor([3, 4, 5, 6, 8])
+    torch.testing.assert_close(overlong_penalty(lengths, 8, 4), torch.tensor([0.0, 0.0, -0.25, -0.5, -1.0]))
+    torch.testing.assert_close(overlong_penalty(lengths, 8, 2, factor=0.5), torch.tensor([0, 0, 0, 0, -0.5]) * 1.0)
+
+
+def test_dapo_shapes_rewards_before_the_group_baseline():
+    """Lengths 2 and 1 with budget 2, buffer 1: the first response pays -1 -> rewards [1 - 1, 0] = [0, 0],
+    an all-equal group (advantage 0); without shaping the group is [1, 0]."""
+    batch = _batch(max_new_tokens=2)
+    algo = dapo(overlong_buffer=1)
+    advantages, metrics = algo.advantages(batch)
+    torch.testing.assert_close(advantages, torch.zeros(2, 3))
+    assert metrics["reward/overlong_penalty_mean"] == pytest.approx(-0.5)
+    assert (algo.clip_high, algo.loss_agg, algo.dynamic_sampling) == (0.28, "token-mean", 3)
+    assert (dr_grpo().scale_rewards, dr_grpo().loss_agg) == (False, "seq-mean-token-sum-norm")
 
 
 # logprobs vs old_logprobs = 0: ratios [[1, 1.5, 1], [1, 0.5, 1]]; response tokens (0,1), (0,2), (1,1).
@@ -106,6 +128,11 @@ def test_needs_reference():
         (GRPO(kl_coef=-1.0), 8, "algorithm.kl_coef must be >= 0"),
         (GRPO(loss_agg="mean"), 8, "algorithm.loss_agg must be one of token-mean, seq-mean-token-mean"),
         (GRPO(kl_estimator="k4"), 8, "algorithm.kl_estimator must be one of k1, k2, k3"),
+        (GRPO(dual_clip=1.1), 8, r"algorithm.dual_clip must be 0 \(off\) or > 1 \+ clip_high = 1.2"),
+        (GRPO(tis_mode="clip"), 8, "algorithm.tis_mode must be one of truncate, mask"),
+        (GRPO(tis_cap=0.5), 8, "algorithm.tis_cap must be 0"),
+        (GRPO(overlong_buffer=32), 8, "algorithm.overlong_buffer=32 must be < rollout.max_new_tokens=32"),
+        (GRPO(dynamic_sampling=-1), 8, "algorithm.dynamic_sampling must be >= 0"),
     ],
 )
 def test_validate_errors(algo, group_size, message):

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rlcore.batch import Normaliser
+from rlcore.batch import Batch, Normaliser
 from rlcore.objectives import (
     AGG_MODES,
     aggregate,
@@ -14,6 +14,9 @@ from rlcore.objectives import (
     masked_mean,
     masked_sum,
     masked_whiten,
+    PolicyLoss,
+    tis_weights,
+    token_rewards,
 )
 
 LOG_HALF = math.log(0.5)
@@ -163,3 +166,69 @@ def test_per_micro_batch_mean_is_not_invariant():
     naive = sum(aggregate(l, m, "token-mean", local_normaliser(m)) for l, m in rows)
     assert full == pytest.approx(7 / 3)
     assert naive.item() == pytest.approx(1.5 + 4.0)  # each micro-batch's own mean, summed
+
+
+def test_tis_weights_token_level():
+    # old - rollout = [0, 1, -1] on response tokens -> w = [1, e, 1/e]; position 0 is the prompt
+    old = torch.tensor([[5.0, 0.0, 1.0, -1.0]])
+    rollout = torch.zeros(1, 4)
+    mask = torch.tensor([[0, 1, 1, 1]])
+    e = math.e
+    weights, raw, truncated = tis_weights(old, rollout, mask, cap=2.0)
+    torch.testing.assert_close(raw, torch.tensor([[0.0, 1.0, e, 1 / e]]))
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0, 2.0, 1 / e]]))
+    assert truncated.tolist() == [[False, False, True, False]]
+    weights, _, _ = tis_weights(old, rollout, mask, cap=2.0, mode="mask")
+    torch.testing.assert_close(weights, torch.tensor([[0.0, 1.0, 0.0, 1 / e]]))
+
+
+def test_tis_weights_sequence_level():
+    # sequence 1: log w = 0 + 1 - 1 = 0 -> w = 1 on each token; sequence 2: log w = 0.5 + 0.5 -> e > cap 2
+    old = torch.tensor([[0.0, 1.0, -1.0], [0.5, 0.5, 7.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    weights, raw, truncated = tis_weights(old, torch.zeros(2, 3), mask, cap=2.0, level="sequence")
+    torch.testing.assert_close(raw, torch.tensor([[1.0, 1.0, 1.0], [math.e, math.e, 0.0]]))
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]))
+    weights, _, truncated = tis_weights(old, torch.zeros(2, 3), mask, cap=2.0, level="sequence", mode="mask")
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert truncated.sum().item() == 2
+    with pytest.raises(ValueError, match="token, sequence"):
+        tis_weights(old, old, mask, 2.0, level="batch")
+
+
+def test_policy_loss_with_tis():
+    """A = 1 on two tokens, ratio 1 (logprobs = old): the surrogate is -1 per token; TIS weights [1, 2]
+    (cap 2 truncates e) give -(1 + 2) / 2 tokens = -1.5; is_weight_mean is the raw (1 + e) / 2."""
+    batch = Batch(input_ids=torch.zeros(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                  loss_mask=torch.tensor([[1.0, 1.0]]), rollout_logprobs=torch.tensor([[0.0, -1.0]]),
+                  rewards=torch.ones(1), group_size=1, old_logprobs=torch.zeros(1, 2), advantages=torch.ones(1, 2))
+    loss, metrics = PolicyLoss(tis_cap=2.0).loss(batch, torch.zeros(1, 2), local_normaliser(batch.loss_mask))
+    assert loss.item() == pytest.approx(-1.5)
+    assert metrics["policy/is_weight_mean"].item() == pytest.approx((1 + math.e) / 2)
+    assert metrics["policy/is_truncated_frac"].item() == pytest.approx(0.5)
+    loss, metrics = PolicyLoss().loss(batch, torch.zeros(1, 2), local_normaliser(batch.loss_mask))
+    assert loss.item() == pytest.approx(-1.0) and "policy/is_weight_mean" not in metrics
+
+
+def test_token_rewards_kl_penalty():
+    rewards = torch.tensor([1.0, 2.0])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 0]])
+    kl = torch.tensor([[9.0, 0.5, 0.25], [9.0, 1.0, 9.0]])
+    expected = torch.tensor([[0.0, -0.05, 1 - 0.025], [0.0, 2 - 0.1, 0.0]])
+    torch.testing.assert_close(token_rewards(rewards, mask, kl, 0.1), expected)
+    torch.testing.assert_close(token_rewards(rewards, mask), torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]]))
+
+
+def test_whiten_with_reduce_uses_global_moments():
+    """Two 'ranks' holding [1, 3] and [5, 7]: the global mean 4 and population std sqrt(5) whiten each half.
+    `reduce` here adds the other rank's moments, as the all-reduce would."""
+    a, b = torch.tensor([[1.0, 3.0]]), torch.tensor([[5.0, 7.0]])
+    mask = torch.ones(1, 2)
+
+    def moments(x):
+        return torch.stack([mask.sum(), x.sum(), (x * x).sum()]).double()
+
+    got = masked_whiten(a, mask, reduce=lambda t: t + moments(b))
+    torch.testing.assert_close(got, torch.tensor([[-3.0, -1.0]]) / math.sqrt(5), atol=1e-6, rtol=0)
+    got = masked_whiten(a, mask, reduce=lambda t: t + moments(b), shift_mean=False)
+    torch.testing.assert_close(got, torch.tensor([[1.0, 3.0]]) / math.sqrt(5), atol=1e-6, rtol=0)

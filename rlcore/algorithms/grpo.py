@@ -1,27 +1,27 @@
-"""GRPO: Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, sec. 4.1).
+"""GRPO: Group Relative Policy Optimization (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, sec. 4.1),
+with the Dr.GRPO and DAPO variants as options (`dr_grpo()`, `dapo()` below give their settings).
 
 Paper, outcome supervision (eq. 3 and sec. 4.1.2): sample G responses o_1..o_G per prompt with rewards r_i;
     A_i = (r_i - mean(r_1..r_G)) / std(r_1..r_G)                 for every token of o_i
     J = 1/G sum_i 1/|o_i| sum_t { min(ratio_it A_i, clip(ratio_it, 1 - e, 1 + e) A_i) - beta D_KL,it }
     D_KL,it = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1             (eq. 4, Schulman's k3)
-with ratio_it = pi_theta(o_it) / pi_old(o_it).
+with ratio_it = pi_theta(o_it) / pi_old(o_it). The loss is rlcore.objectives.PolicyLoss.
 
 Departures from the paper:
-- Loss aggregation is configurable (rlcore.objectives.aggregate) and defaults to "token-mean" (DAPO), not the
-  paper's per-sequence mean ("seq-mean-token-mean"), which weighs tokens of short responses more.
-- eps is added to the group std; std is the sample std (torch.std, as in TRL and verl); the paper leaves
-  both unsaid. scale_rewards=False drops the division (Dr.GRPO, Liu et al. 2025).
-- The clip range may be asymmetric, [1 - clip_low, 1 + clip_high] (DAPO's "clip-higher").
+- Loss aggregation is configurable and defaults to "token-mean" (DAPO), not the paper's per-sequence mean
+  ("seq-mean-token-mean"), which weighs tokens of short responses more.
+- eps is added to the group std; std is the sample std (torch.std); the paper leaves both unsaid.
 - kl_coef defaults to 0 (no reference model), as in DAPO and Dr.GRPO; the paper uses beta = 0.04.
-- With the default single update per rollout, pi_old = pi_theta at the update, so ratio = 1 and the clip is
-  inactive; it matters with train.epochs_per_step > 1 or train.mini_batches > 1.
+- With one update per rollout, pi_old = pi_theta at the update, so ratio = 1 and the clip is inactive; it
+  matters with train.epochs_per_step > 1 or train.mini_batches > 1.
 
-The loss contract (what the trainer relies on): `loss(batch, logprobs, norm)` returns this micro-batch's
-contribution to the step's loss and metrics, each divided by a global count in `norm` (summed over every
-micro-batch and rank), so the trainer backprops each loss and sums metrics over micro-batches and ranks.
-Metrics: policy/pg_loss (the surrogate, aggregated like the loss), and token means over response tokens
-(divided by norm.tokens): policy/clip_frac, policy/kl (k3 KL(pi_theta || pi_old): how far the update
-moved), policy/ref_kl (k3 KL(pi_theta || pi_ref), only when kl_coef > 0).
+Variants:
+- Dr.GRPO (Liu et al. 2025, arXiv:2503.20783): scale_rewards=False (no division by the group std) and
+  loss_agg="seq-mean-token-sum-norm" (a constant, the generation budget, replaces each response's length).
+- DAPO (Yu et al. 2025, arXiv:2503.14476): clip_high=0.28 (clip-higher), token-mean, overlong reward shaping
+  (a linear penalty over the last `overlong_buffer` tokens of the budget), and dynamic sampling: groups
+  whose rewards are all equal (zero advantage) are dropped and more prompts drawn until the batch is full,
+  for at most `dynamic_sampling` extra rounds (the trainer does the drawing; see rlcore.trainer.generate).
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch, Normaliser
-from rlcore.objectives import AGG_MODES, KL_ESTIMATORS, aggregate, clipped_surrogate, kl_estimate, masked_sum
+from rlcore.batch import Batch
+from rlcore.objectives import PolicyLoss, Reduce, no_reduce
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
@@ -49,94 +49,55 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
     return adv.view(-1)  # [B]
 
 
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    loss_mask: torch.Tensor,
-    norm: Normaliser,
-    *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    kl_coef: float = 0.0,
-    ref_logprobs: torch.Tensor | None = None,
-    kl_estimator: str = "k3",
-    loss_agg: str = "token-mean",
-    max_len: int | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped surrogate plus kl_coef * KL(pi_theta || pi_ref) per token, aggregated by `loss_agg`.
-
-    All tensors are [B, T]. Returns (loss contribution, metrics); see the module docstring for the contract.
-    """
-    pg, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, clip_low, clip_high)  # [B, T] x2
-    per_token = pg  # [B, T]
-    tokens = max(norm.tokens, 1.0)
-    with torch.no_grad():
-        metrics = {
-            "policy/pg_loss": aggregate(pg, loss_mask, loss_agg, norm, max_len),
-            "policy/clip_frac": masked_sum(clipped.float(), loss_mask) / tokens,
-            "policy/kl": masked_sum(kl_estimate(logprobs, old_logprobs, "k3"), loss_mask) / tokens,
-        }
-    if kl_coef > 0:
-        if ref_logprobs is None:
-            raise ValueError("kl_coef > 0 needs ref_logprobs (the frozen reference model's logprobs)")
-        ref_kl = kl_estimate(logprobs, ref_logprobs, kl_estimator)  # [B, T]
-        per_token = pg + kl_coef * ref_kl
-        metrics["policy/ref_kl"] = masked_sum(kl_estimate(logprobs, ref_logprobs, "k3").detach(), loss_mask) / tokens
-    return aggregate(per_token, loss_mask, loss_agg, norm, max_len), metrics
+def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (eq. 13): 0 up to max_len - buffer tokens, then falling linearly to
+    -factor at max_len. Example, max_len 8, buffer 4: lengths [3, 4, 5, 6, 8] -> [0, 0, -0.25, -0.5, -1]."""
+    over = (lengths.float() - (max_len - buffer)).clamp(min=0)  # [B] tokens into the buffer
+    return -factor * (over / buffer).clamp(max=1.0)
 
 
 @dataclass
-class GRPO:
-    """GRPO's settings; a recipe sets `Config.algorithm = GRPO(...)`."""
+class GRPO(PolicyLoss):
+    """GRPO's settings (the loss fields come from PolicyLoss); a recipe sets `Config.algorithm = GRPO(...)`."""
 
-    clip_low: float = 0.2  # ratio floor is 1 - clip_low (paper: 0.2)
-    clip_high: float = 0.2  # ratio ceiling is 1 + clip_high (DAPO clip-higher: 0.28)
-    kl_coef: float = 0.0  # weight of KL(pi_theta || pi_ref) in the loss, per token; 0 = no reference model
-    kl_estimator: str = "k3"  # per-token KL estimator for the loss term: k1 | k2 | k3 (paper: k3)
-    loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean (paper) | seq-mean-token-sum | -norm
     scale_rewards: bool = True  # divide advantages by the group's reward std (Dr.GRPO: False)
     eps: float = 1e-6  # added to the group std, reward units; keeps all-equal groups finite
+    overlong_buffer: int = 0  # DAPO: tokens before the budget where the length penalty ramps in; 0 = off
+    overlong_penalty: float = 1.0  # DAPO: the penalty at the full budget, reward units
+    dynamic_sampling: int = 0  # DAPO: extra draw rounds allowed to replace all-equal groups; 0 = off
 
     def validate(self, cfg) -> None:
         """Raise ValueError naming the first bad field of `cfg` (a rlcore.config.Config) or of self."""
+        super().validate(cfg)
         if cfg.rollout.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2 for GRPO (got {cfg.rollout.group_size})")
-        for name in ("clip_low", "clip_high", "kl_coef", "eps"):
+        for name in ("eps", "overlong_buffer", "overlong_penalty", "dynamic_sampling"):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)})")
-        if self.clip_low >= 1:
-            raise ValueError(f"algorithm.clip_low must be < 1 so the ratio floor stays positive (got {self.clip_low})")
-        if self.loss_agg not in AGG_MODES:
-            raise ValueError(f"algorithm.loss_agg must be one of {', '.join(AGG_MODES)} (got {self.loss_agg!r})")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(
-                f"algorithm.kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})"
-            )
+        if self.overlong_buffer >= cfg.rollout.max_new_tokens:
+            raise ValueError(f"algorithm.overlong_buffer={self.overlong_buffer} must be < rollout.max_new_tokens="
+                             f"{cfg.rollout.max_new_tokens}")
 
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_coef > 0
-
-    def advantages(self, batch: Batch) -> torch.Tensor:
+    def advantages(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, dict]:
         """[B, T]: each sequence's group advantage on its response tokens, 0 elsewhere."""
-        adv = group_advantages(batch.rewards, batch.group_size, self.scale_rewards, self.eps)  # [B]
-        return adv[:, None] * batch.loss_mask.float()  # [B, T]
+        rewards, metrics = batch.rewards.float(), {}
+        if self.overlong_buffer:
+            lengths = batch.loss_mask.sum(-1)  # [B]
+            penalty = overlong_penalty(lengths, batch.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+            rewards = rewards + penalty
+            total, n = reduce(torch.tensor([penalty.sum().item(), len(penalty)], dtype=torch.float64)).tolist()
+            metrics["reward/overlong_penalty_mean"] = total / n
+        adv = group_advantages(rewards, batch.group_size, self.scale_rewards, self.eps)  # [B]
+        return adv[:, None] * batch.loss_mask.float(), metrics  # [B, T]
 
-    def loss(self, batch: Batch, logprobs: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, dict]:
-        """This micro-batch's loss contribution and metrics; `logprobs` [B, T] carry the gradient."""
-        return grpo_loss(
-            logprobs,
-            batch.old_logprobs,
-            batch.advantages,
-            batch.loss_mask,
-            norm,
-            clip_low=self.clip_low,
-            clip_high=self.clip_high,
-            kl_coef=self.kl_coef,
-            ref_logprobs=batch.ref_logprobs,
-            kl_estimator=self.kl_estimator,
-            loss_agg=self.loss_agg,
-            # Dr.GRPO's constant divisor: the generation budget, the same on every rank and micro-batch.
-            max_len=norm.max_len or batch.loss_mask.shape[1],
-        )
+
+def dr_grpo(**overrides) -> GRPO:
+    """Dr.GRPO's settings: no std division, a constant length normaliser."""
+    return GRPO(**({"scale_rewards": False, "loss_agg": "seq-mean-token-sum-norm"} | overrides))
+
+
+def dapo(overlong_buffer: int, **overrides) -> GRPO:
+    """DAPO's settings: clip-higher, token-mean, overlong shaping over the last `overlong_buffer` tokens of the
+    budget (the paper: 4k of 20k), dynamic sampling with up to 3 extra rounds."""
+    return GRPO(**({"clip_low": 0.2, "clip_high": 0.28, "loss_agg": "token-mean", "overlong_buffer": overlong_buffer,
+                    "dynamic_sampling": 3} | overrides))
