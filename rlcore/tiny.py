@@ -100,6 +100,15 @@ def build_random_model(out_dir: str | Path, arch: str = "qwen2", seed: int = 0) 
     return _save(AutoModelForCausalLM.from_config(tiny_config(arch)), Path(out_dir))
 
 
+def build_reward_model(out_dir: str | Path, seed: int = 0) -> Path:
+    """A random-init tiny sequence classifier with one label (a reward model's shape) + tokenizer, for tests."""
+    from transformers import AutoModelForSequenceClassification
+    torch.manual_seed(seed)
+    config = tiny_config("qwen2")
+    config.num_labels = 1
+    return _save(AutoModelForSequenceClassification.from_config(config), Path(out_dir))
+
+
 # ---- the task -------------------------------------------------------------------------------------------
 
 def carries(a: int, b: int) -> bool:

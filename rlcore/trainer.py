@@ -254,13 +254,16 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     kept: list[Batch] = []
     have = drawn_groups = kept_groups = 0
     r_sum = r_sq = r_n = generated = t_generate = t_reward = 0.0
+    part_sums: dict[str, float] = {}
     for draw in range(1 + extra_draws):
         t = time.perf_counter()
         batch, rows, completions, tokens = sample(run, step, draw)
         t_generate += time.perf_counter() - t
         t = time.perf_counter()
-        batch.rewards = score(run, rows, completions)
+        batch.rewards, parts = score(run, rows, completions)
         t_reward += time.perf_counter() - t
+        for name, values in parts.items():
+            part_sums[name] = part_sums.get(name, 0.0) + values.sum().item()
         generated += tokens
         r_sum, r_sq, r_n = r_sum + batch.rewards.sum().item(), r_sq + (batch.rewards ** 2).sum().item(), r_n + len(batch)
         groups = batch.rewards.view(-1, G)  # [B / G, G]
@@ -280,10 +283,12 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
                        f"raise algorithm.dynamic_sampling or rollout.group_size, or turn it off with "
                        f"algorithm.dynamic_sampling=0")
     batch = Batch.cat(kept, pad_id(run.tokenizer)).rows(0, need)
-    r_sum, r_sq, r_n, generated, drawn_groups, kept_groups = all_sum(r_sum, r_sq, r_n, generated, drawn_groups,
-                                                                     kept_groups)
+    names = sorted(part_sums) if len(part_sums) > 1 else []  # one reward: reward/mean says it all
+    r_sum, r_sq, r_n, generated, drawn_groups, kept_groups, *part_totals = all_sum(
+        r_sum, r_sq, r_n, generated, drawn_groups, kept_groups, *(part_sums[k] for k in names))
     mean = r_sum / r_n
-    stats = {"reward/mean": mean, "reward/std": max(r_sq / r_n - mean ** 2, 0.0) ** 0.5,
+    stats = {f"reward/{name}": total / r_n for name, total in zip(names, part_totals)}  # unweighted, each
+    stats |= {"reward/mean": mean, "reward/std": max(r_sq / r_n - mean ** 2, 0.0) ** 0.5,
              "time/generate_s": t_generate, "time/reward_s": t_reward,
              "throughput/generate_tok_s": generated / max(t_generate, 1e-9)}
     if extra_draws:
@@ -301,20 +306,21 @@ def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict
     return [r[prompt_column] for r in rows], columns
 
 
-def score(run: Run, rows: list[dict], completions: list[str]) -> torch.Tensor:
-    """Weighted reward per sequence: reward functions plus reward models. Any rank's reward-function error
-    stops every rank before the update."""
+def score(run: Run, rows: list[dict], completions: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted reward per sequence [B] from the reward functions plus the reward models, and each one's
+    unweighted scores by name. Any rank's reward-function error stops every rank before the update."""
     prompts, columns = reward_inputs(rows, run.cfg.data.prompt_column)
-    error, total = None, torch.zeros(len(rows))
+    error, total, parts = None, torch.zeros(len(rows)), {}
     try:
         if run.reward_fns:
-            total, _ = rewards.score(run.reward_fns, prompts, completions, columns)
+            total, parts = rewards.score(run.reward_fns, prompts, completions, columns)
     except rewards.RewardError as e:
         error = str(e)
     agree(error)
-    for rm, weight in run.reward_models:
-        total = total + weight * reward_model_scores(run, rm, prompts, completions)
-    return total
+    for i, (rm, weight) in enumerate(run.reward_models):
+        parts[f"model{i}"] = reward_model_scores(run, rm, prompts, completions)
+        total = total + weight * parts[f"model{i}"]
+    return total, parts
 
 
 @torch.no_grad()

@@ -32,6 +32,16 @@ def error_line(proc) -> str:
     (["optim.lr=1"], "recipe=NAME is required"),
     (["recipe=demo", "rollout.tensor_parallel=0"], "rollout.tensor_parallel must be >= 1"),
     (["recipe=demo", "rollout.group_size=1"], "rollout.group_size must be >= 2 for GRPO (got 1)"),
+    # the algorithm layer
+    (["recipe=ppo_tiny", "algorithm.gamma=1.5"], "algorithm.gamma must be in [0, 1] (got 1.5)"),
+    (["recipe=ppo_tiny", "algorithm.lam=-0.5"], "algorithm.lam must be in [0, 1] (got -0.5)"),
+    (["recipe=ppo_tiny", "critic.path="], "PPO needs a critic but critic.path is empty: set critic.path=policy"),
+    (["recipe=reinforce_pp_tiny", "algorithm.clip_low=-0.2"], "algorithm.clip_low must be >= 0 (got -0.2): a "
+                                                              "negative value inverts the ratio range"),
+    (["recipe=demo", "algorithm.loss_agg=mean"], "algorithm.loss_agg must be one of token-mean, "
+     "seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm (got 'mean')"),
+    (["recipe=reinforce_pp_tiny", "algorithm.kl_penalty_estimator=k5"],
+     "algorithm.kl_penalty_estimator must be one of k1, k2, k3 (got 'k5')"),
 ])
 def test_config_errors(args, expected, tmp_path):
     proc = python_train(*args, tmp_path=tmp_path)

@@ -1,6 +1,7 @@
-"""torchrun worker: FSDP2's gradient over 2 ranks x 2 micro-batches equals one process's full-batch gradient.
+"""torchrun worker: FSDP2's gradient over R ranks x M micro-batches equals one process's full-batch gradient,
+for every loss aggregation mode and M in 1, 2, 4.
 
-    torchrun --nproc-per-node 2 tests/workers/fsdp_grad_worker.py MODEL_DIR OUT_JSON
+    torchrun --nproc-per-node R tests/workers/fsdp_grad_worker.py MODEL_DIR OUT_JSON
 
 Checks the trainer's reduction setup (models.shard: SUM over ranks, losses divided by global counts).
 """
@@ -12,10 +13,9 @@ import torch
 import torch.distributed as dist
 
 from rlcore import models
-from rlcore.algorithms.grpo import grpo_loss
-from rlcore.batch import Normaliser
+from rlcore.batch import Batch, Normaliser
 from rlcore.config import ModelConfig
-from rlcore.objectives import local_normaliser
+from rlcore.objectives import AGG_MODES, PolicyLoss, local_normaliser
 from rlcore.parallel import ParallelDims, build_meshes, init_distributed
 
 model_dir, out = sys.argv[1], sys.argv[2]
@@ -26,33 +26,43 @@ reference = models.load_causal_lm(ModelConfig(path=model_dir))
 policy = models.shard(copy.deepcopy(reference), fsdp_mesh, ModelConfig(path=model_dir))
 
 g = torch.Generator().manual_seed(0)  # the same global batch on every rank
-ids = torch.randint(3, 20, (8, 10), generator=g)
-mask = (torch.rand(8, 9, generator=g) > 0.3).float()  # ragged response lengths
-old = -torch.rand(8, 9, generator=g)
-adv = torch.randn(8, 9, generator=g)
-attn = torch.ones_like(ids)
+B, L = 8, 10
+ids = torch.randint(3, 20, (B, L), generator=g)
+mask = (torch.rand(B, L - 1, generator=g) > 0.3).float()  # ragged response lengths
+mask[5] = 0  # a row without response tokens
+batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask,
+              rollout_logprobs=-torch.rand(B, L - 1, generator=g), rewards=torch.zeros(B), group_size=1,
+              old_logprobs=-torch.rand(B, L - 1, generator=g), advantages=torch.randn(B, L - 1, generator=g))
 
 
-def loss_of(model, rows, norm):
-    logprobs = models.token_logprobs(model, ids[rows], attn[rows], 1.0)
-    return grpo_loss(logprobs, old[rows], adv[rows], mask[rows], norm, loss_agg=sys.argv[3])[0]
+def loss_of(model, rows: Batch, norm, agg):
+    logprobs = models.token_logprobs(model, rows.input_ids, rows.attention_mask, 1.0)
+    # clip 0.1 and a TIS cap keep clipped and truncated tokens in play
+    return PolicyLoss(clip_low=0.1, clip_high=0.1, loss_agg=agg, tis_cap=1.5).loss(rows, logprobs, norm)[0]
 
 
-# One process, whole batch.
-full = local_normaliser(mask)
-loss_of(reference, slice(0, 8), full).backward()
-# Two ranks x two micro-batches of two rows, normalised by counts summed over both.
-mine = range(rank * 4, rank * 4 + 4)
-local = local_normaliser(mask[list(mine)])
-t = torch.tensor([local.tokens, local.sequences], dtype=torch.float64)
-dist.all_reduce(t)
-norm = Normaliser(*t.tolist())
-for start in (0, 2):
-    loss_of(policy, slice(mine[start], mine[start] + 2), norm).backward()
-
-worst = 0.0
-for (name, p), (_, q) in zip(reference.named_parameters(), policy.named_parameters()):
-    worst = max(worst, (p.grad - q.grad.full_tensor()).abs().max().item())
+result = {}
+for agg in AGG_MODES:
+    reference.zero_grad(set_to_none=True)
+    policy.zero_grad(set_to_none=True)
+    full = local_normaliser(mask)
+    full.max_len = L - 1
+    loss_of(reference, batch, full, agg).backward()  # one process, the whole batch
+    for micro in (1, 2, 4):
+        policy.zero_grad(set_to_none=True)
+        per_rank = B // world
+        mine = batch.rows(rank * per_rank, (rank + 1) * per_rank)
+        size = per_rank // micro
+        local = local_normaliser(mine.loss_mask)  # counts of this rank's micro-batches, summed over ranks
+        t = torch.tensor([local.tokens, local.sequences], dtype=torch.float64)
+        dist.all_reduce(t)
+        norm = Normaliser(*t.tolist(), max_len=L - 1)
+        for start in range(0, per_rank, size):
+            loss_of(policy, mine.rows(start, start + size), norm, agg).backward()
+        worst = 0.0
+        for (name, p), (_, q) in zip(reference.named_parameters(), policy.named_parameters()):
+            worst = max(worst, (p.grad - q.grad.full_tensor()).abs().max().item())
+        result[f"{agg}/{micro}"] = worst
+    result[f"{agg}/grad_scale"] = reference.lm_head.weight.grad.abs().max().item()
 if rank == 0:
-    json.dump({"max_abs_grad_diff": worst, "grad_scale": reference.lm_head.weight.grad.abs().max().item()},
-              open(out, "w"))
+    json.dump(result, open(out, "w"))
