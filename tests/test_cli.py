@@ -181,9 +181,10 @@ def test_override_parses_by_type(cfg, override, get, expected):
     ("rewards.3.weight=1", "config key 'rewards.3': 'rewards' is a list of 1 items, valid indices 0..0"),
     ("rewards.w.weight=1", "config key 'rewards.w': 'rewards' is a list of 1 items, valid indices 0..0"),
     ("model=3", "config key 'model' is a section, not a value; set one of: model.path, model.dtype, "
-                "model.mixed_precision, model.activation_checkpointing, model.attn_implementation"),
+                "model.mixed_precision, model.activation_checkpointing, model.attn_implementation, "
+                "model.offload_frozen"),
     ("rewards.0=3", "config key 'rewards.0' is a section, not a value; set one of: rewards.0.fn, "
-                    "rewards.0.weight"),
+                    "rewards.0.model, rewards.0.weight"),
     ("rewards=[]", "config key 'rewards' is a list of sections, set in the recipe only; "
                    "override one item's field instead, e.g. rewards.0.<field>=..."),
     ("optim.lr", "expected key=value (e.g. optim.lr=1e-5), got 'optim.lr'"),
@@ -269,7 +270,7 @@ def test_config_to_dict(cfg):
         "beta_schedule": [0.1, 0.2], "clip_range": [0.8, 1.2], "extra": 3, "hook": None,
         "_target": f"{module}.Algo",
     }
-    assert d["rewards"] == [{"fn": f"{module}:exact", "weight": 1.0}]  # declared type: no _target
+    assert d["rewards"] == [{"fn": f"{module}:exact", "model": "", "weight": 1.0}]  # declared type: no _target
     assert d["optim"] == {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
                           "warmup_steps": 0, "schedule": "constant", "min_lr_ratio": 0.0,
                           "max_grad_norm": 1.0}

@@ -1,4 +1,6 @@
 """Every recipe loads and validates for the world it is written for, with no GPU and no network."""
+import pytest
+
 from conftest import ROOT
 from rlcore.cli import available_recipes, load_recipe
 from rlcore.parallel import ParallelDims
@@ -21,13 +23,26 @@ def test_grpo_recipe_is_valid_for_one_8_gpu_node():
     assert cfg.rollout.prompts_per_step // 8 * cfg.rollout.group_size == 128
 
 
-def test_demo_recipe_is_valid_for_two_cpu_ranks():
-    cfg = load_recipe("demo", ROOT / "recipes")
+@pytest.mark.parametrize("name, algorithm, critic", [("ppo", "PPO", "policy"), ("reinforce_pp", "ReinforcePP", "")])
+def test_gpu_recipes_match_grpo_s_setup(name, algorithm, critic):
+    """recipe=ppo and recipe=reinforce_pp: the same node, model, data and engines as recipe=grpo."""
+    cfg, grpo = load_recipe(name, ROOT / "recipes"), load_recipe("grpo", ROOT / "recipes")
+    validate(cfg, ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel))
+    assert type(cfg.algorithm).__name__ == algorithm and cfg.critic.path == critic
+    assert cfg.algorithm.needs_reference and cfg.model.offload_frozen  # the KL penalty in the reward
+    assert (cfg.model.path, cfg.data, cfg.rollout) == (grpo.model.path, grpo.data, grpo.rollout)
+
+
+@pytest.mark.parametrize("name", ["demo", "ppo_tiny", "reinforce_pp_tiny"])
+def test_tiny_recipes_are_valid_for_two_cpu_ranks(name):
+    cfg = load_recipe(name, ROOT / "recipes")
     validate(cfg, ParallelDims(world_size=2, tp=cfg.rollout.tensor_parallel))
     assert cfg.model.dtype == "float32" and cfg.model.mixed_precision == "none"
+    assert cfg.prepare == "rlcore.tiny:prepare"
 
 
 def test_every_recipe_loads():
-    assert {"demo", "grpo"} <= set(available_recipes(ROOT / "recipes"))
+    assert {"demo", "grpo", "ppo", "ppo_tiny", "reinforce_pp", "reinforce_pp_tiny"} <= set(
+        available_recipes(ROOT / "recipes"))
     for name in available_recipes(ROOT / "recipes"):
         assert load_recipe(name, ROOT / "recipes").algorithm is not None
