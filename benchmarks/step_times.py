@@ -3,6 +3,8 @@
     python benchmarks/step_times.py recipe=demo
     python benchmarks/step_times.py recipe=demo --steps 8 --variant rollout.tensor_parallel=1 \
         --variant rollout.tensor_parallel=2
+    python benchmarks/step_times.py recipe=demo --variant recipe=demo --variant recipe=ppo_tiny \
+        --variant recipe=reinforce_pp_tiny      # algorithms side by side (a variant's recipe= replaces the base)
     make bench
 
 Each variant is a real `torchrun launch/train.py` run of K steps (eval off); the first step is
@@ -33,8 +35,9 @@ COLUMNS = [  # (header, metric key, format)
 
 
 def run_variant(args, overrides: list[str], out_dir: Path) -> dict[str, float]:
+    base = [o for o in args.overrides if not (o.startswith("recipe=") and any(v.startswith("recipe=") for v in overrides))]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           str(ROOT / "launch" / "train.py"), *args.overrides, *overrides, f"train.steps={args.steps}",
+           str(ROOT / "launch" / "train.py"), *base, *overrides, f"train.steps={args.steps}",
            "data.eval_path=", f"output_dir={out_dir}", "name=bench"]
     env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

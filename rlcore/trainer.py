@@ -277,7 +277,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         if all_min(have) >= need:  # every rank has its share
             break
     else:
-        lowest = all_min(have)
+        lowest = int(all_min(have))
         raise RunError(f"dynamic sampling kept {lowest // G} of the {need // G} prompt groups a rank needs after "
                        f"{1 + extra_draws} draws at step {step} (every other group's rewards were all equal); "
                        f"raise algorithm.dynamic_sampling or rollout.group_size, or turn it off with "

@@ -49,7 +49,8 @@ def test_algorithm_learns_the_tiny_task(variant, tmp_path):
         assert min(r["rollout/kept_group_frac"] for r in rows[1:]) < 1.0
     if variant.startswith("reinforce_pp"):
         assert config["algorithm"]["baseline"] == variant.endswith("baseline")
-        assert all(r["reward/kl_penalty"] >= 0 for r in rows[1:]) and rows[-1]["reward/kl_penalty"] > 0
+        # the policy starts as the reference (KL 0), then moves away from it (k1 can be negative per token)
+        assert rows[1]["reward/kl_penalty"] == 0.0 and abs(rows[-1]["reward/kl_penalty"]) > 1e-6
         assert "reference " + config["model"]["path"] in proc.stdout + proc.stderr
 
 

@@ -54,7 +54,7 @@ def test_architectures_train_and_sync(tiny_models, tmp_path, arch, tp, extra):
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)
     assert all(r["sync/gb"] > 0 for r in rows)
     # The reference is built only for a KL term; it starts equal to the policy, so KL(step 1) is ~0.
-    assert ("reference (frozen" in proc.stderr + proc.stdout) == ("kl_coef" in extra)
+    assert (f"reference {tiny_models[arch]} (frozen)" in proc.stderr + proc.stdout) == ("kl_coef" in extra)
     if "kl_coef" in extra:
         assert abs(rows[0]["policy/ref_kl"]) < 1e-6 and math.isfinite(rows[1]["policy/ref_kl"])
 
