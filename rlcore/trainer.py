@@ -8,25 +8,31 @@ The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algo
 from __future__ import annotations
 
 import importlib
+import math
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlcore import models, rewards
+from rlcore import checkpoint, models, rewards
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.objectives import local_normaliser
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
-from rlcore.rollout import RolloutEngine
+from rlcore.rollout import RolloutEngine, SyncStats
 
 
 class RunError(RuntimeError):
     """The run must stop (every rank raises it together, with the same one-line message)."""
+
+
+class Preempted(RunError):
+    """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
 
 
 def agree(error: str | None) -> None:
@@ -73,6 +79,8 @@ class Run:
     scheduler: object
     logger: RunLogger
     run_dir: Path
+    meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
+    resume_from: Path | None = None  # the checkpoint to load before the first step
 
 
 def setup(cfg: Config) -> Run:
@@ -82,6 +90,10 @@ def setup(cfg: Config) -> Run:
     dims = ParallelDims(world, cfg.rollout.tensor_parallel)
     dims.validate()
     validate(cfg, dims)
+    run_dir = Path(cfg.output_dir) / cfg.name
+    meta = checkpoint.describe(cfg, world, dims.rollout_groups)
+    # A missing, incomplete or foreign checkpoint fails here, before anything loads.
+    resume_from, resume_notes = checkpoint.resolve(cfg, run_dir, meta)
     if cfg.prepare:
         # Local assets (e.g. the embedded tiny model) are built once, by rank 0.
         if rank == 0:
@@ -112,7 +124,6 @@ def setup(cfg: Config) -> Run:
                                                "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
         eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
 
-    run_dir = Path(cfg.output_dir) / cfg.name
     if rank == 0:
         from rlcore.cli import save_config
         save_config(cfg, run_dir / "config.json")
@@ -123,12 +134,20 @@ def setup(cfg: Config) -> Run:
     if cfg.algorithm.needs_reference:
         reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
-    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
+    start = checkpoint.saved_step(resume_from)
+    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=start)
     logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}; models: "
                  f"actor {cfg.model.path}" + (", reference (frozen, same init)" if reference else "")
                  + f"; rewards: {', '.join(rewards.fn_name(f) for f, _ in reward_fns)}")
+    for line in resume_notes:
+        logger.print(line)
     return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, engine, policy,
-               reference, optimizer, scheduler, logger, run_dir)
+               reference, optimizer, scheduler, logger, run_dir, meta=meta, resume_from=resume_from)
+
+
+def trained_models(run: Run) -> dict[str, tuple]:
+    """Every model the run trains, with its optimizer and LR scheduler: what a checkpoint holds."""
+    return {"policy": (run.policy, run.optimizer, run.scheduler)}
 
 
 def validate(cfg: Config, dims: ParallelDims) -> None:
@@ -145,11 +164,16 @@ def validate(cfg: Config, dims: ParallelDims) -> None:
     if rows % t.mini_batches:
         raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
     for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
-                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every)):
+                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every),
+                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_skipped_steps",
+                                                                         t.max_skipped_steps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
     if r.temperature <= 0:
         raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
+    for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
 
 
 def total_optimizer_steps(cfg: Config) -> int:
@@ -218,23 +242,34 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
     cfg, dev = run.cfg, device_type()
     rows = len(batch) // cfg.train.mini_batches
     sums: dict[str, float] = {}
-    grad_norms = []
+    grad_norms, applied, skipped = [], 0, False
     for _ in range(cfg.train.epochs_per_step):
+        if skipped:
+            break
         for start in range(0, len(batch), rows):
             mini = batch.rows(start, start + rows)
             local = local_normaliser(mini.loss_mask)  # summed over this rank's micro-batches...
             tokens, sequences = all_sum(local.tokens, local.sequences)  # ...and over every rank
             norm = Normaliser(tokens, sequences, max_len=cfg.rollout.max_new_tokens)
+            loss_sum = 0.0
             for i in range(0, len(mini), cfg.train.micro_batch_size):
                 micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)
                 logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
                                                           cfg.rollout.temperature, with_entropy=True)
                 loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                 loss.backward()
+                loss_sum += loss.item()
                 metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
+            # Non-finite guard: a NaN/inf loss or gradient is never applied, and the rest of the update
+            # is dropped (earlier optimizer steps of it stay applied). Both numbers are global.
+            if not step_is_finite(*all_sum(loss_sum), grad_norms[-1]):
+                run.optimizer.zero_grad(set_to_none=True)
+                skipped = True
+                break
+            applied += 1
             run.optimizer.step()
             run.scheduler.step()
             run.optimizer.zero_grad(set_to_none=True)
@@ -244,7 +279,15 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
     out = {k: v / n_steps for k, v in zip(keys, totals)}
     out["policy/grad_norm"] = sum(grad_norms) / n_steps
     out["optim/lr"] = run.scheduler.get_last_lr()[0]
+    out["optim/steps_applied"] = applied
+    out["train/skipped"] = float(skipped)
     return out
+
+
+def step_is_finite(*values: float) -> bool:
+    """True when every value (global loss sums, global gradient norms) is finite: pass numbers that are
+    the same on every rank, so every rank skips together. A critic adds its loss and norm here."""
+    return all(math.isfinite(v) for v in values)
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
@@ -277,7 +320,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     metrics = update(run, batch)
     t_train = time.perf_counter() - t
 
-    stats = run.engine.sync_weights(run.policy)
+    # A step with nothing applied left the policy as the engine already holds it: no sync.
+    stats = run.engine.sync_weights(run.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
     r_sum, r_sq, n, length, gen_tokens = all_sum(batch.rewards.sum().item(), (batch.rewards ** 2).sum().item(),
                                                  len(batch), batch.loss_mask.sum().item(), generated)
     mean = r_sum / n
@@ -318,21 +362,66 @@ def train(cfg: Config) -> dict[str, float]:
     """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank."""
     run = setup(cfg)
     summary: dict[str, float] = {}
+    # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
+    loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
+    stop = checkpoint.StopSignal()
     try:
-        if run.eval_rows:
-            summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+        if run.resume_from is not None:
+            loop, notes = checkpoint.load(run.resume_from, trained_models(run), run.prompts, run.group)
+            for line in notes:
+                run.logger.print(line)
+            # The engine started from model.path: it samples with the checkpointed weights from step one.
+            run.engine.sync_weights(run.policy)
+            summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
+        elif run.eval_rows:
+            summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
             run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
-        for step in range(1, cfg.train.steps + 1):
+        for step in range(loop["step"] + 1, cfg.train.steps + 1):
             metrics = train_step(run, step)
+            skipped = metrics.pop("train/skipped")
+            loop["step"], loop["skipped_steps"] = step, loop["skipped_steps"] + int(skipped)
+            loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
+            metrics["train/skipped_steps"] = loop["skipped_steps"]
             if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 metrics |= evaluate(run)
             run.logger.log(step, metrics)
             summary |= metrics
-        if run.eval_rows:
+            if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
+                raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
+                               f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
+                               f"with the weights of the last finite step")
+            save_and_export(run, step, loop, stop)
+        if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
             run.logger.print(f"eval/accuracy on {len(run.eval_rows)} held-out prompts: start {100 * start:.1f}% "
                              f"-> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
     finally:
+        stop.restore()
         run.logger.close()
     return summary
+
+
+def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal) -> None:
+    """Checkpoint every train.save_every steps, at the end, and when a signal asks the run to stop;
+    HF export every train.export_every steps and at the end. A save that fails stops the run."""
+    t, last = run.cfg.train, step == run.cfg.train.steps
+    preempted = stop.any_rank(device_type())  # collective: every rank stops after the same step
+    root = run.run_dir / "checkpoints"
+    try:
+        if preempted or last or (t.save_every and step % t.save_every == 0):
+            t0 = time.perf_counter()
+            path = checkpoint.save(root, step, trained_models(run), run.prompts, loop, run.meta,
+                                   t.keep_checkpoints, run.tokenizer)
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+            run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
+        if last or (t.export_every and step % t.export_every == 0):
+            checkpoint.export(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
+    except checkpoint.SaveError as e:
+        complete = checkpoint.scan(root)[0]
+        kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
+        raise RunError(f"{e}; {kept}") from None
+    if preempted:
+        name = signal.Signals(stop.received).name if stop.received else "a signal on another rank"
+        raise Preempted(f"stopped by {name} after step {step}; checkpoint {path} written; "
+                        f"continue with resume=auto")
