@@ -194,35 +194,42 @@ def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, 
         except OSError as e:
             error = f"cannot write checkpoint {final}: {e}"
     _agree(error)
+    t0 = time.perf_counter()
     try:
-        t0 = time.perf_counter()
-        dcp.save(_model_state(trained), checkpoint_id=tmp)
-        _write({"rng": rng_state(), "prompts": prompts.state_dict()}, tmp / f"rank_{rank}.pt")
-        if rank == 0:
-            _write({"schedulers": {n: s.state_dict() for n, (_, _, s) in trained.items()}, "loop": loop},
-                   tmp / "trainer.pt")
-            write_model_files(meta["model_path"], tokenizer, tmp / "model_files")
-    except Exception as e:  # DCP wraps OSErrors in its own exception type
-        error = f"cannot write checkpoint {final}: {str(e).strip().splitlines()[0] if str(e).strip() else e!r}"
-    try:
+        try:
+            dcp.save(_model_state(trained), checkpoint_id=tmp)
+            _write({"rng": rng_state(), "prompts": prompts.state_dict()}, tmp / f"rank_{rank}.pt")
+            if rank == 0:
+                _write({"schedulers": {n: s.state_dict() for n, (_, _, s) in trained.items()}, "loop": loop},
+                       tmp / "trainer.pt")
+                write_model_files(meta["model_path"], tokenizer, tmp / "model_files")
+        except Exception as e:  # an OSError, or DCP's wrapper around one
+            error = f"cannot write checkpoint {final}: {_first_line(e)}"
         _agree(error)
         if rank == 0:
-            marker = meta | {"step": step, "trained": sorted(trained), "seconds": time.perf_counter() - t0,
-                             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-            with open(tmp / MARKER, "w") as f:
-                json.dump(marker, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            _replace(tmp, final)
-            for old in scan(root)[0][:-keep]:
-                shutil.rmtree(old)
-    except OSError as e:
-        error = f"cannot complete checkpoint {final}: {e}"
-    finally:
-        if error and rank == 0:
+            try:
+                marker = meta | {"step": step, "trained": sorted(trained), "seconds": time.perf_counter() - t0,
+                                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+                with open(tmp / MARKER, "w") as f:
+                    json.dump(marker, f, indent=2)
+                    f.flush()
+                    os.fsync(f.fileno())
+                _replace(tmp, final)
+                for old in scan(root)[0][:-keep]:
+                    shutil.rmtree(old)
+            except OSError as e:
+                error = f"cannot complete checkpoint {final}: {_first_line(e)}"
+        _agree(error)
+    except SaveError:
+        if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-    _agree(error)
+        raise
     return final
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else repr(e)
 
 
 def _replace(tmp: Path, final: Path) -> None:
