@@ -49,7 +49,7 @@ def test_kill_in_step_then_resume_is_exact_once(straight, tmp_path):
 
     proc = train_cmd(*RUN, f"output_dir={tmp_path}", "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert f"resume: continuing after step 2 from {run / 'checkpoints' / 'step_2'}" in proc.stderr
+    assert f"resume: continuing after step 2 from {run / 'checkpoints' / 'step_2'}" in proc.stdout + proc.stderr
     ours, theirs = read_metrics(run), read_metrics(straight)
     assert [r["step"] for r in ours] == [1, 2, 3, 4]
     assert ours == theirs
