@@ -422,6 +422,5 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
         kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
         raise RunError(f"{e}; {kept}") from None
     if preempted:
-        name = signal.Signals(stop.received).name if stop.received else "a signal on another rank"
-        raise Preempted(f"stopped by {name} after step {step}; checkpoint {path} written; "
-                        f"continue with resume=auto")
+        name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
+        raise Preempted(f"{name} after step {step}; checkpoint {path} written; continue with resume=auto")
