@@ -17,17 +17,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import checkpoint  # noqa: E402
+from rlcore import checkpoint, export  # noqa: E402
 
 
 def convert(ckpt: Path, out: Path, model: str = "policy") -> None:
     if not (ckpt / checkpoint.MARKER).is_file():
         raise ValueError(f"{ckpt} is not a complete checkpoint (no {checkpoint.MARKER})")
-    weights = checkpoint.read_model(ckpt, model)
+    weights = export.read_model(ckpt, model)
     config = json.loads((ckpt / "model_files" / "config.json").read_text())
     if config.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)  # one tensor under the embedding's name, as trained
-    checkpoint.write_hf(out, weights.items(), ckpt / "model_files")
+    export.write_hf(out, weights.items(), ckpt / "model_files")
 
 
 def main(argv: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""Long runs: sharded checkpoints, exact resume, HF export, and stopping cleanly on a signal.
+"""Long runs: sharded checkpoints, exact resume, and stopping cleanly on a signal.
 
 On disk, under runs/<name>/:
 
@@ -11,7 +11,7 @@ On disk, under runs/<name>/:
         COMPLETE.json              written last: step, world size, model, algorithm, config fingerprint
     checkpoints/.step_<N>.tmp/     a save in progress, or one a crash cut short: ignored (and reported),
                                    removed by the next save
-    hf/step_<N>/                   consolidated safetensors + config + tokenizer (transformers, vLLM)
+    hf/step_<N>/                   consolidated safetensors + config + tokenizer (rlcore/export.py)
 
 A save writes everything into the temporary sibling, then COMPLETE.json, then renames: a directory
 named step_<N> is always whole. Rollout seeds derive from (run seed, step, prompt index), so the
@@ -27,16 +27,13 @@ import random
 import shutil
 import signal
 import time
-import warnings
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.tensor import DTensor
 
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
@@ -281,97 +278,6 @@ def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str
         notes.append(f"resume: {saved['rollout_groups']} rollout groups before, {groups} now: the data "
                      f"continues at the same step of epoch {p['epoch']}, with its prompts dealt to other groups")
     return common["loop"], notes
-
-
-# ---------------------------------------------------------------------------------------------- HF export
-
-def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full CPU tensor) per parameter, in the master dtype; a collective on every rank.
-    One parameter is gathered at a time; tied weights appear once, as in an HF checkpoint."""
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        yield name, full.detach().cpu()
-
-
-def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files: Path | None, tokenizer=None,
-             model_path: str = "", writer: bool = True, shard_bytes: int = 5 * 2**30) -> None:
-    """Write an HF model folder atomically: safetensors shards (+ index when more than one), config,
-    generation config, tokenizer. Every rank iterates `tensors` (they may be collectives); `writer`
-    writes. Files come from `model_files` (a checkpoint's) or else from `model_path` + `tokenizer`."""
-    from safetensors.torch import save_file
-
-    tmp = out.with_name(f".{out.name}.tmp")
-    if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    shards, shard, size, error = [], {}, 0, None
-
-    def flush():
-        nonlocal shard, size
-        if shard:
-            name = f"shard-{len(shards):05d}.safetensors"
-            save_file(shard, tmp / name, metadata={"format": "pt"})
-            shards.append((name, list(shard)))
-        shard, size = {}, 0
-
-    for name, tensor in tensors:
-        if writer and error is None:
-            shard[name] = tensor.contiguous()
-            size += tensor.numel() * tensor.element_size()
-            try:
-                if size >= shard_bytes:
-                    flush()
-            except OSError as e:  # keep iterating: the other ranks are still gathering
-                error = e
-    if not writer:
-        return
-    if error is not None:
-        raise error
-    flush()
-    if len(shards) == 1:
-        os.rename(tmp / shards[0][0], tmp / "model.safetensors")
-    else:
-        weight_map = {}
-        for i, (name, keys) in enumerate(shards):
-            final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            os.rename(tmp / name, tmp / final)
-            weight_map |= dict.fromkeys(keys, final)
-        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    if model_files is not None:
-        for f in model_files.iterdir():
-            shutil.copy2(f, tmp / f.name)
-    else:
-        write_model_files(model_path, tokenizer, tmp)
-    for f in tmp.iterdir():
-        f.chmod(0o644)  # the safetensors writer leaves its files owner-only; a model is for everyone to read
-    _replace(tmp, out)
-
-
-def export(out: Path, model: torch.nn.Module, model_path: str, tokenizer) -> None:
-    """Collective: the trained model as an HF folder at `out` (written by rank 0)."""
-    error = None
-    try:
-        write_hf(out, full_parameters(model), None, tokenizer, model_path, writer=dist.get_rank() == 0)
-    except Exception as e:  # OSError, or the safetensors writer's own error type
-        error = f"cannot write HF export {out}: {e}"
-    _agree(error)
-
-
-def read_model(path: Path, name: str = "policy") -> dict[str, torch.Tensor]:
-    """One model's full weights from a DCP checkpoint, in one process (no process group needed)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    prefix = f"{name}.model."
-    metadata = FileSystemReader(str(path)).read_metadata()
-    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
-             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
-    if not state:
-        raise ValueError(f"checkpoint {path} holds no model '{name}'")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=True)
-    return {k[len(prefix):]: v for k, v in state.items()}
 
 
 # ---------------------------------------------------------------------------------------------- preemption

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, models, rewards
+from rlcore import checkpoint, export, models, rewards
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_table, tokenize_prompts
@@ -416,7 +416,7 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
             run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
         if last or (t.export_every and step % t.export_every == 0):
-            checkpoint.export(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
+            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
     except checkpoint.SaveError as e:
         complete = checkpoint.scan(root)[0]
         kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
