@@ -123,12 +123,12 @@ class NaNAtSteps(GRPO):
     nan_steps: str = "2,4,5"
     step: int = 0
 
-    def advantages(self, batch):
+    def advantages(self, *args, **kwargs):
         self.step += 1
-        return super().advantages(batch)
+        return super().advantages(*args, **kwargs)
 
-    def loss(self, batch, logprobs, norm):
-        loss, metrics = super().loss(batch, logprobs, norm)
+    def loss(self, *args, **kwargs):
+        loss, metrics = super().loss(*args, **kwargs)
         if str(self.step) in self.nan_steps.split(","):
             loss = loss + float("nan")
         return loss, metrics
