@@ -69,6 +69,10 @@ class TrainConfig:
     micro_batch_size: int = 8  # sequences per forward/backward on one rank
     eval_every: int = 10  # steps between held-out evals (also before the first and after the last step)
     log_every: int = 1  # steps between progress lines
+    save_every: int = 0  # steps between checkpoints (runs/<name>/checkpoints/step_<N>/); 0 = only at the end
+    keep_checkpoints: int = 2  # complete checkpoints kept on disk (the newest); older ones are deleted
+    export_every: int = 0  # steps between HF exports (runs/<name>/hf/step_<N>/); 0 = only at the end
+    max_skipped_steps: int = 3  # stop the run after this many steps in a row with a non-finite loss/gradient
 
 
 @dataclass
@@ -89,6 +93,7 @@ class Config:
     name: str = "run"  # run name: outputs go to <output_dir>/<name>/
     output_dir: str = "runs"  # parent folder of run directories
     seed: int = 0  # run seed: model init, data order and every rollout seed derive from it
+    resume: str = ""  # "" fresh; "auto" newest complete checkpoint of this run (fresh if none); or a step_<N> dir
     prepare: str = ""  # optional "module:function" run once on rank 0 before loading (builds local assets)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

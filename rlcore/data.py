@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterator
 
 import datasets
+import torch
 from torch.utils.data import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -69,8 +70,12 @@ class PromptStream:
                              f"({batch_size * groups} = rollout.prompts_per_step)")
         self.sampler = DistributedSampler(table, num_replicas=groups, rank=group, shuffle=True, seed=seed,
                                           drop_last=True)
+        # Its own generator: a new epoch's iterator draws a seed from it, never from the global RNG
+        # (a resumed run starts its iterator at another moment, and must not shift the global stream).
         self.loader = StatefulDataLoader(table, batch_size=batch_size, sampler=self.sampler, drop_last=True,
-                                         collate_fn=list, num_workers=num_workers)
+                                         collate_fn=list, num_workers=num_workers,
+                                         generator=torch.Generator().manual_seed(seed))
+        self.groups = groups
         self.epoch = 0
         self._it: Iterator | None = None
 
@@ -86,4 +91,23 @@ class PromptStream:
                 self._it = None
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "loader": self.loader.state_dict()}
+        return {"epoch": self.epoch, "loader": self.loader.state_dict(), "batches": self.batches_this_epoch()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where `state_dict()` was taken (same number of rollout groups)."""
+        self.epoch = state["epoch"]
+        self.loader.load_state_dict(state["loader"])
+        self._it = None
+
+    def skip_to(self, epoch: int, batches: int) -> None:
+        """Continue at batch `batches` of `epoch`, for a stream sharded over a different number of groups.
+
+        Every epoch is one shuffle of the whole table, dealt round-robin to the groups, so batch b of
+        every group together is always positions [b * prompts_per_step, (b + 1) * prompts_per_step) of
+        that shuffle: the same prompts per step, only dealt to other groups."""
+        self.epoch, self._it = epoch, None
+        for _ in range(batches):
+            self.next_batch()
+
+    def batches_this_epoch(self) -> int:
+        return self.loader.state_dict().get("_num_yielded", 0) if self._it is not None else 0

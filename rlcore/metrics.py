@@ -13,7 +13,7 @@ STEP_KEYS = (
     "reward/mean", "reward/std", "response/length_mean", "policy/kl", "policy/entropy",
     "policy/clip_frac", "policy/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
     "time/generate_s", "time/reward_s", "time/logprobs_s", "time/train_s", "time/sync_s", "time/step_s",
-    "throughput/generate_tok_s", "memory/peak_gb",
+    "throughput/generate_tok_s", "memory/peak_gb", "train/skipped_steps",
 )
 # The short progress line shows these.
 PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
@@ -28,16 +28,24 @@ def peak_memory_gb() -> float:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool):
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0):
+        """start_step > 0: a resumed run keeps the log of steps up to it and drops any later lines
+        (steps a killed run logged after its last checkpoint are trained again)."""
         self.enabled = enabled
         if not enabled:
             return
         from torch.utils.tensorboard import SummaryWriter
 
         run_dir.mkdir(parents=True, exist_ok=True)
-        self.jsonl = open(run_dir / "metrics.jsonl", "w")  # a run starts its log anew
+        path = run_dir / "metrics.jsonl"
+        kept = []
+        if start_step and path.exists():
+            kept = [line for line in path.read_text().splitlines(keepends=True)
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+        self.jsonl = open(path, "w")  # a fresh run starts its log anew
+        self.jsonl.writelines(kept)
         self.tb = SummaryWriter(str(run_dir / "tb"))
-        self.bar = tqdm(total=total_steps, desc="rlcore", unit="step", dynamic_ncols=True)
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="rlcore", unit="step", dynamic_ncols=True)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:

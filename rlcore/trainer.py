@@ -8,25 +8,31 @@ The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algo
 from __future__ import annotations
 
 import importlib
+import math
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rlcore import models, rewards
+from rlcore import checkpoint, export, models, rewards
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.objectives import local_normaliser
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
-from rlcore.rollout import RolloutEngine
+from rlcore.rollout import RolloutEngine, SyncStats
 
 
 class RunError(RuntimeError):
     """The run must stop (every rank raises it together, with the same one-line message)."""
+
+
+class Preempted(RunError):
+    """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
 
 
 def agree(error: str | None) -> None:
@@ -81,6 +87,8 @@ class Run:
     critic_scheduler: object
     logger: RunLogger
     run_dir: Path
+    meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
+    resume_from: Path | None = None  # the checkpoint to load before the first step
 
 
 @dataclass
@@ -98,6 +106,10 @@ def setup(cfg: Config) -> Run:
     dims = ParallelDims(world, cfg.rollout.tensor_parallel)
     dims.validate()
     validate(cfg, dims)
+    run_dir = Path(cfg.output_dir) / cfg.name
+    meta = checkpoint.describe(cfg, world, dims.rollout_groups)
+    # A missing, incomplete or foreign checkpoint fails here, before anything loads.
+    resume_from, resume_notes = checkpoint.resolve(cfg, run_dir, meta)
     if cfg.prepare:
         # Local assets (e.g. the embedded tiny model) are built once, by rank 0.
         if rank == 0:
@@ -133,7 +145,6 @@ def setup(cfg: Config) -> Run:
                                                "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
         eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
 
-    run_dir = Path(cfg.output_dir) / cfg.name
     if rank == 0:
         from rlcore.cli import save_config
         save_config(cfg, run_dir / "config.json")
@@ -153,7 +164,7 @@ def setup(cfg: Config) -> Run:
                                                            fsdp_mesh, cfg.model, frozen=True),
                                   AutoTokenizer.from_pretrained(spec.model)), spec.weight)
                      for spec in cfg.rewards if spec.model]
-    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0)
+    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from))
     logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}, FSDP over "
                  f"{world}")
     critic_from = cfg.model.path if cfg.critic.path == "policy" else cfg.critic.path
@@ -163,8 +174,19 @@ def setup(cfg: Config) -> Run:
                  + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]))
+    for line in resume_notes:
+        logger.print(line)
     return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, reward_models, engine,
-               policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir)
+               policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir,
+               meta=meta, resume_from=resume_from)
+
+
+def trained_models(run: Run) -> dict[str, tuple]:
+    """Every model the run trains, with its optimizer and LR scheduler: what a checkpoint holds."""
+    trained = {"policy": (run.policy, run.optimizer, run.scheduler)}
+    if run.critic is not None:
+        trained["critic"] = (run.critic, run.critic_optimizer, run.critic_scheduler)
+    return trained
 
 
 def needs_critic(cfg: Config) -> bool:
@@ -198,11 +220,16 @@ def validate(cfg: Config, dims: ParallelDims) -> None:
     if rows % t.mini_batches:
         raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
     for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
-                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every)):
+                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every),
+                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_skipped_steps",
+                                                                         t.max_skipped_steps)):
         if value < 1:
             raise ValueError(f"{name} must be >= 1 (got {value})")
     if r.temperature <= 0:
         raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
+    for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
 
 
 def total_optimizer_steps(cfg: Config) -> int:
@@ -373,36 +400,49 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
     cfg, dev = run.cfg, device_type()
     rows = len(batch) // cfg.train.mini_batches
     sums: dict[str, float] = {}
-    grad_norms, value_grad_norms = [], []
+    grad_norms, value_grad_norms, applied, skipped = [], [], 0, False
     for _ in range(cfg.train.epochs_per_step):
+        if skipped:
+            break
         for start in range(0, len(batch), rows):
             mini = batch.rows(start, start + rows)
             local = local_normaliser(mini.loss_mask)  # summed over this rank's micro-batches...
             tokens, sequences = all_sum(local.tokens, local.sequences)  # ...and over every rank
             norm = Normaliser(tokens, sequences, max_len=cfg.rollout.max_new_tokens)
+            loss_sum = 0.0
             for i in range(0, len(mini), cfg.train.micro_batch_size):
                 micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)
                 logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
                                                           cfg.rollout.temperature, with_entropy=True)
                 loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                 loss.backward()
+                loss_sum += loss.item()
                 metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 if run.critic is not None:
                     values = models.token_values(run.critic, micro.input_ids, micro.attention_mask)
                     value_loss, value_metrics = cfg.algorithm.value_loss(micro, values, norm)
                     value_loss.backward()
+                    loss_sum += value_loss.item()
                     metrics |= value_metrics
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
-            run.optimizer.step()
-            run.scheduler.step()
-            run.optimizer.zero_grad(set_to_none=True)
             if run.critic is not None:
                 value_grad_norms.append(models.clip_grad_norm(run.critic, cfg.critic.optim.max_grad_norm))
-                run.critic_optimizer.step()
-                run.critic_scheduler.step()
-                run.critic_optimizer.zero_grad(set_to_none=True)
+            # Non-finite guard: a NaN/inf loss (policy + critic) or gradient is never applied, and the rest
+            # of the update is dropped (earlier optimizer steps of it stay applied). All numbers are global.
+            if not step_is_finite(*all_sum(loss_sum), grad_norms[-1], *value_grad_norms[-1:]):
+                for opt in (run.optimizer, run.critic_optimizer):
+                    if opt is not None:
+                        opt.zero_grad(set_to_none=True)
+                skipped = True
+                break
+            applied += 1
+            for opt, sched in ((run.optimizer, run.scheduler), (run.critic_optimizer, run.critic_scheduler)):
+                if opt is not None:
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad(set_to_none=True)
     keys = sorted(sums)
     totals = all_sum(*(sums[k] for k in keys))
     n_steps = len(grad_norms)
@@ -411,7 +451,15 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
     out["optim/lr"] = run.scheduler.get_last_lr()[0]
     if value_grad_norms:
         out["value/grad_norm"] = sum(value_grad_norms) / n_steps
+    out["optim/steps_applied"] = applied
+    out["train/skipped"] = float(skipped)
     return out
+
+
+def step_is_finite(*values: float) -> bool:
+    """True when every value (global loss sums, global gradient norms) is finite: pass numbers that are
+    the same on every rank, so every rank skips together. A critic adds its loss and norm here."""
+    return all(math.isfinite(v) for v in values)
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
@@ -440,7 +488,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     metrics |= advantage_metrics | update(run, batch)
     t_train = time.perf_counter() - t
 
-    stats = run.engine.sync_weights(run.policy)
+    # A step with nothing applied left the policy as the engine already holds it: no sync.
+    stats = run.engine.sync_weights(run.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
     n, length = all_sum(len(batch), batch.loss_mask.sum().item())
     metrics |= {
         "response/length_mean": length / n,
@@ -475,21 +524,65 @@ def train(cfg: Config) -> dict[str, float]:
     """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank."""
     run = setup(cfg)
     summary: dict[str, float] = {}
+    # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
+    loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
+    stop = checkpoint.StopSignal()
     try:
-        if run.eval_rows:
-            summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+        if run.resume_from is not None:
+            loop, notes = checkpoint.load(run.resume_from, trained_models(run), run.prompts, run.group)
+            for line in notes:
+                run.logger.print(line)
+            # The engine started from model.path: it samples with the checkpointed weights from step one.
+            run.engine.sync_weights(run.policy)
+            summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
+        elif run.eval_rows:
+            summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
             run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
-        for step in range(1, cfg.train.steps + 1):
+        for step in range(loop["step"] + 1, cfg.train.steps + 1):
             metrics = train_step(run, step)
+            skipped = metrics.pop("train/skipped")
+            loop["step"], loop["skipped_steps"] = step, loop["skipped_steps"] + int(skipped)
+            loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
+            metrics["train/skipped_steps"] = loop["skipped_steps"]
             if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
                 metrics |= evaluate(run)
             run.logger.log(step, metrics)
             summary |= metrics
-        if run.eval_rows:
+            if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
+                raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
+                               f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
+                               f"with the weights of the last finite step")
+            save_and_export(run, step, loop, stop)
+        if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
             run.logger.print(f"eval/accuracy on {len(run.eval_rows)} held-out prompts: start {100 * start:.1f}% "
                              f"-> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
     finally:
+        stop.restore()
         run.logger.close()
     return summary
+
+
+def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal) -> None:
+    """Checkpoint every train.save_every steps, at the end, and when a signal asks the run to stop;
+    HF export every train.export_every steps and at the end. A save that fails stops the run."""
+    t, last = run.cfg.train, step == run.cfg.train.steps
+    preempted = stop.any_rank(device_type())  # collective: every rank stops after the same step
+    root = run.run_dir / "checkpoints"
+    try:
+        if preempted or last or (t.save_every and step % t.save_every == 0):
+            t0 = time.perf_counter()
+            path = checkpoint.save(root, step, trained_models(run), run.prompts, loop, run.meta,
+                                   t.keep_checkpoints, run.tokenizer)
+            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
+            run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
+        if last or (t.export_every and step % t.export_every == 0):
+            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
+    except checkpoint.SaveError as e:
+        complete = checkpoint.scan(root)[0]
+        kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
+        raise RunError(f"{e}; {kept}") from None
+    if preempted:
+        name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
+        raise Preempted(f"{name} after step {step}; checkpoint {path} written; continue with resume=auto")

@@ -1,0 +1,115 @@
+"""HF export: a trained model as a consolidated HF folder that transformers and vLLM load.
+
+    runs/<name>/hf/step_<N>/
+        model.safetensors             (or model-0000i-of-0000n.safetensors + model.safetensors.index.json)
+        config.json, generation_config.json, tokenizer files
+
+Written during a run (train.export_every, and at the end) from the live FSDP2 model, one parameter
+gathered at a time, or afterwards from any checkpoint by launch/convert.py; both give the same bytes.
+Tensors keep the master dtype (model.dtype); config.json is the original model's. The folder is
+written beside itself under a temporary name and renamed when whole.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.tensor import DTensor
+
+from rlcore import checkpoint
+
+
+def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, full CPU tensor) per parameter, in the master dtype; a collective on every rank.
+    One parameter is gathered at a time; tied weights appear once, as in an HF checkpoint."""
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if isinstance(p, DTensor) else p
+        yield name, full.detach().cpu()
+
+
+def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files: Path | None, tokenizer=None,
+             model_path: str = "", writer: bool = True, shard_bytes: int = 5 * 2**30) -> None:
+    """Write an HF model folder atomically: safetensors shards (+ index when more than one), config,
+    generation config, tokenizer. Every rank iterates `tensors` (they may be collectives); `writer`
+    writes. Files come from `model_files` (a checkpoint's) or else from `model_path` + `tokenizer`."""
+    from safetensors.torch import save_file
+
+    tmp = out.with_name(f".{out.name}.tmp")
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    shards, shard, size, error = [], {}, 0, None
+
+    def flush():
+        nonlocal shard, size
+        if shard:
+            name = f"shard-{len(shards):05d}.safetensors"
+            save_file(shard, tmp / name, metadata={"format": "pt"})
+            shards.append((name, list(shard)))
+        shard, size = {}, 0
+
+    for name, tensor in tensors:
+        if writer and error is None:
+            shard[name] = tensor.contiguous()
+            size += tensor.numel() * tensor.element_size()
+            try:
+                if size >= shard_bytes:
+                    flush()
+            except OSError as e:  # keep iterating: the other ranks are still gathering
+                error = e
+    if not writer:
+        return
+    if error is not None:
+        raise error
+    flush()
+    if len(shards) == 1:
+        os.rename(tmp / shards[0][0], tmp / "model.safetensors")
+    else:
+        weight_map = {}
+        for i, (name, keys) in enumerate(shards):
+            final = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            os.rename(tmp / name, tmp / final)
+            weight_map |= dict.fromkeys(keys, final)
+        (tmp / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if model_files is not None:
+        for f in model_files.iterdir():
+            shutil.copy2(f, tmp / f.name)
+    else:
+        checkpoint.write_model_files(model_path, tokenizer, tmp)
+    for f in tmp.iterdir():
+        f.chmod(0o644)  # the safetensors writer leaves its files owner-only; a model is for everyone to read
+    checkpoint._replace(tmp, out)
+
+
+def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer) -> None:
+    """Collective: the trained model as an HF folder at `out` (written by rank 0)."""
+    error = None
+    try:
+        write_hf(out, full_parameters(model), None, tokenizer, model_path, writer=dist.get_rank() == 0)
+    except Exception as e:  # OSError, or the safetensors writer's own error type
+        error = f"cannot write HF export {out}: {e}"
+    checkpoint._agree(error)
+
+
+def read_model(path: Path, name: str = "policy") -> dict[str, torch.Tensor]:
+    """One model's full weights from a DCP checkpoint, in one process (no process group needed)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    prefix = f"{name}.model."
+    metadata = FileSystemReader(str(path)).read_metadata()
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.state_dict_metadata.items()
+             if k.startswith(prefix) and isinstance(m, TensorStorageMetadata)}
+    if not state:
+        raise ValueError(f"checkpoint {path} holds no model '{name}'")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=True)
+    return {k[len(prefix):]: v for k, v in state.items()}
