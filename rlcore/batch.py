@@ -52,6 +52,10 @@ class Batch:
             fields[f.name] = v[start:stop] if isinstance(v, torch.Tensor) else v
         return Batch(**fields)
 
+    def select(self, index: torch.Tensor) -> "Batch":
+        """The rows listed in `index` (e.g. the prompt groups dynamic sampling keeps)."""
+        return Batch(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()})
+
     @staticmethod
     def cat(batches: list["Batch"], pad_id: int) -> "Batch":
         """Rows of every batch in order, right-padded to the longest (per-token fields padded with 0)."""

@@ -88,13 +88,15 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
     path = cfg.path if critic.path == "policy" else critic.path
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0  # dropout would make V differ between the rollout pass and the update
+    verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the LM head is dropped and the value head is new: expected
     model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
                                                             attn_implementation=cfg.attn_implementation)
-    hf_logging.set_verbosity_warning()
+    hf_logging.set_verbosity(verbosity)
     if critic.path == "policy" or "ForTokenClassification" not in str(model.config.architectures):
         torch.nn.init.zeros_(model.score.weight)
-        torch.nn.init.zeros_(model.score.bias) if model.score.bias is not None else None
+        if model.score.bias is not None:
+            torch.nn.init.zeros_(model.score.bias)
     if cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False

@@ -299,7 +299,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         kept_groups += int(keep.sum())
         rows_kept = torch.repeat_interleave(keep, G).nonzero().squeeze(-1)  # [kept sequences]
         if len(rows_kept):
-            kept.append(_select(batch, rows_kept))
+            kept.append(batch.select(rows_kept))
         have += len(rows_kept)
         if all_min(have) >= need:  # every rank has its share
             break
@@ -321,10 +321,6 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     if extra_draws:
         stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
     return batch, stats
-
-
-def _select(batch: Batch, index: torch.Tensor) -> Batch:
-    return Batch(**{k: v[index] if isinstance(v, torch.Tensor) else v for k, v in vars(batch).items()})
 
 
 def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict[str, list]]:
