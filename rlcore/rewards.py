@@ -14,15 +14,23 @@ a one-line RewardError that names the function and the sample.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 import importlib
 import importlib.util
 import math
 import numbers
 import re
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
+
+from rlcore import models
+from rlcore.collectives import agree
+from rlcore.parallel import device_type
+
+if TYPE_CHECKING:
+    from rlcore.trainer import Run
 
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 
@@ -161,3 +169,56 @@ def _call(fn, name: str, prompts: list[str], completions: list[str], columns: di
                               f"(prompt {_short(prompts[i])}, completion {_short(completions[i])})")
         out.append(float(v))
     return out
+
+
+# ---- scoring a step's rollouts: reward functions and reward models together -----------------------------
+
+@dataclass
+class RewardModel:
+    """A frozen sequence classifier scoring (prompt, completion) texts with its own tokenizer."""
+    path: str
+    model: torch.nn.Module
+    tokenizer: object
+
+
+def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict[str, list]]:
+    """Dataset rows -> (prompt texts, every other column as a list) for the reward functions."""
+    columns = {k: [r[k] for r in rows] for k in rows[0] if k not in (prompt_column, "prompt_ids")}
+    return [r[prompt_column] for r in rows], columns
+
+
+def score_rollouts(run: Run, rows: list[dict], completions: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Weighted reward per sequence [B] from the reward functions plus the reward models, and each one's
+    unweighted scores by name. Any rank's reward-function error stops every rank before the update."""
+    prompts, columns = reward_inputs(rows, run.cfg.data.prompt_column)
+    error, total, parts = None, torch.zeros(len(rows)), {}
+    try:
+        if run.reward_fns:
+            total, parts = score(run.reward_fns, prompts, completions, columns)
+    except RewardError as e:
+        error = str(e)
+    agree(error)
+    for i, (rm, weight) in enumerate(run.reward_models):
+        parts[f"model{i}"] = reward_model_scores(run, rm, prompts, completions)
+        total = total + weight * parts[f"model{i}"]
+    return total, parts
+
+
+@torch.no_grad()
+def reward_model_scores(run: Run, rm: RewardModel, prompts: list[str], completions: list[str]) -> torch.Tensor:
+    """[B] scores from a reward model: prompt + completion re-tokenized with the reward model's tokenizer
+    (through its chat template, as a user and an assistant turn, when the data uses one)."""
+    if run.cfg.data.chat_template and rm.tokenizer.chat_template:
+        ids = [rm.tokenizer.apply_chat_template([{"role": "user", "content": p}, {"role": "assistant", "content": c}],
+                                                tokenize=True) for p, c in zip(prompts, completions)]
+        ids = [x["input_ids"] if hasattr(x, "keys") else x for x in ids]
+    else:
+        ids = [rm.tokenizer(p + c).input_ids for p, c in zip(prompts, completions)]
+    dev, mbs, out = device_type(), run.cfg.train.micro_batch_size, []
+    for i in range(0, len(ids), mbs):
+        chunk = ids[i:i + mbs]
+        L = max(map(len, chunk))
+        input_ids = torch.tensor([x + [(rm.tokenizer.pad_token_id or 0)] * (L - len(x)) for x in chunk], device=dev)
+        attention_mask = torch.tensor([[1] * len(x) + [0] * (L - len(x)) for x in chunk], device=dev)
+        out.append(models.sequence_scores(rm.model, input_ids, attention_mask).cpu())
+    return torch.cat(out)

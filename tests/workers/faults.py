@@ -11,9 +11,9 @@ import signal
 import sys
 from pathlib import Path
 
-from rlcore import trainer
+from rlcore import update as update_stage
 
-update, calls = trainer.update, [0]
+update, calls = update_stage.update, [0]
 
 
 def dying_update(run, batch):
@@ -23,7 +23,7 @@ def dying_update(run, batch):
     return update(run, batch)
 
 
-trainer.update = dying_update
+update_stage.update = dying_update
 train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
 sys.argv = [str(train_py), *sys.argv[1:]]
 runpy.run_path(str(train_py), run_name="__main__")

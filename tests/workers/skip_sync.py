@@ -7,9 +7,9 @@ import runpy
 import sys
 from pathlib import Path
 
-from rlcore import rollout
+from rlcore.rollout import engine
 
-rollout.RolloutEngine.sync_weights = lambda self, model: rollout.SyncStats(0.0, 0, 0)
+engine.RolloutEngine.sync_weights = lambda self, model: engine.SyncStats(0.0, 0, 0)
 train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
 sys.argv = [str(train_py), *sys.argv[1:]]
 runpy.run_path(str(train_py), run_name="__main__")

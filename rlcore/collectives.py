@@ -1,0 +1,47 @@
+"""The few collectives every stage uses to keep ranks in step: agree on an error, sum or max a number.
+
+Every rank calls each of these at the same point with its own value; each returns the same result on
+every rank, so a decision taken from it (stop, skip, keep drawing) is taken by all ranks together.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rlcore.parallel import device_type
+
+
+class RunError(RuntimeError):
+    """The run must stop (every rank raises it together, with the same one-line message)."""
+
+
+def agree(error: str | None) -> None:
+    """If any rank hit an error, every rank raises the first one (so no rank waits forever)."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise RunError(first)
+
+
+def all_sum(*values: float) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device_type())
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_max(value: float) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device_type())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def all_min(value: float) -> float:
+    return -all_max(-value)
+
+
+def reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over every rank (the `reduce` algorithms use for global statistics)."""
+    out = t.to(device_type(), torch.float64)
+    dist.all_reduce(out)
+    return out.cpu()

@@ -1,0 +1,8 @@
+"""The rollout stage: a step's prompt rows in, one rank's training `Batch` out.
+
+    engine.py   the colocated vLLM engine and the weight sync (the only module that imports vLLM)
+    collect.py  sampling through the engine, dynamic sampling's extra draws, rewards, greedy eval
+"""
+from rlcore.rollout.engine import RolloutEngine, Sample, SyncStats
+
+__all__ = ["RolloutEngine", "Sample", "SyncStats"]
