@@ -39,7 +39,7 @@ class RolloutConfig:
     tensor_parallel: int = 1  # k: ranks per vLLM engine; engines are contiguous blocks of k ranks
     group_size: int = 8  # responses sampled per prompt
     prompts_per_step: int = 16  # prompts per training step, over all ranks (divisible by world size)
-    max_new_tokens: int = 32  # response length cap, tokens
+    max_new_tokens: int = 32  # tokens the model may sample in one turn (the whole response when single-turn)
     temperature: float = 1.0  # sampling temperature (logprobs are taken after it)
     max_model_len: int = 0  # engine context, tokens; 0 = max_prompt_tokens + max_new_tokens
     gpu_memory_utilization: float = 0.35  # fraction of GPU memory the engine may take (CUDA only)
@@ -47,6 +47,14 @@ class RolloutConfig:
     sleep_while_training: bool = True  # CUDA: free engine weights + KV cache during training
     logprob_diff_threshold: float = 1e-3  # stop the run if max |vLLM - trainer| logprob exceeds this
     eval_max_new_tokens: int = 0  # greedy eval response cap, tokens; 0 = max_new_tokens
+    # Multi-turn (rlcore.rollout.env, rlcore.rollout.turns); with env="" a rollout is one model turn.
+    env: Any = ""  # environment factory(row) -> env: a callable, "module:name" or "path/file.py:name"; "" = none
+    max_turns: int = 0  # model turns per trajectory at most; 0 = the environment's own max_turns
+    max_total_tokens: int = 0  # tokens after the prompt, model + environment, all turns; 0 = max_new_tokens
+    env_timeout_s: float = 60.0  # an environment call slower than this ends its trajectory (reward 0), seconds
+    env_workers: int = 8  # threads per rank stepping environments concurrently
+    env_weight: float = 1.0  # weight of the summed environment step rewards (reward part "env")
+    truncated_reward: float | None = None  # fixed reward of trajectories ended by a limit; None = scored as usual
 
 
 @dataclass

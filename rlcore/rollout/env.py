@@ -1,0 +1,152 @@
+"""Environments: what a user implements to make a rollout multi-turn (a game, a tool, a sandbox).
+
+One instance per trajectory, made by the recipe's factory from the dataset row (every column, hidden ones
+such as a secret or a test suite included):
+
+    class Guess(Env):
+        max_turns = 4                       # model turns at most (rollout.max_turns may lower it)
+        def __init__(self, row): self.secret = int(row["secret"])
+        def step(self, action, action_ids):
+            guess = int(action) if action.isdigit() else None
+            if guess == self.secret:
+                return Step("=", reward=1.0, done=True)
+            return Step("?" if guess is None else "+" if guess < self.secret else "-")
+
+    rollout.env = "my_envs.py:Guess"        # the factory: a callable, "module:name" or "file.py:name"
+
+The loop (rlcore.rollout.turns) calls `reset()` once, then after every model turn `step(action_text,
+action_ids)` with that turn's decoded text (special tokens dropped) and its exact token ids, until `done`,
+the turn limit or the token budget ends the trajectory. `step` returns a `Step` or a tuple
+(observation, reward, done). An observation is text (encoded once, without special tokens), token ids, or
+chat messages ([{"role": "tool", "content": ...}], encoded by rlcore.rollout.chat for the trained model's
+template); it is appended after the model's tokens and never trained on. A tool is an environment that
+parses the action and answers with the tool's output; a malformed call should be answered with an
+observation that says so, not an exception: an exception stops the run (it is a bug in the environment).
+
+`stop` lists strings, each one token of the tokenizer, that end a model turn besides EOS (e.g. a tool-call
+token); the stop token stays in the model's tokens. `close()` is called once the trajectory is scored.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Step:
+    observation: str | list[int] | list[dict] | None = None  # appended after the model's turn (never trained on)
+    reward: float = 0.0  # added to the trajectory's environment reward (the reward part "env")
+    done: bool = False  # the trajectory ends after this step
+
+
+class Env:
+    """Optional base class: an environment only needs `step`; these are the defaults of the rest."""
+
+    max_turns: int = 1  # model turns at most
+    stop: tuple[str, ...] = ()  # one-token strings that end a model turn besides EOS (kept in the tokens)
+
+    def reset(self) -> str | list[int] | list[dict] | None:
+        """Extra prompt tokens before the first model turn (text, ids or chat messages), or None."""
+        return None
+
+    def step(self, action: str, action_ids: list[int]) -> Step:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EnvError(RuntimeError):
+    """An environment misbehaved; the message is one line naming the environment, the sample and the turn."""
+
+
+def as_step(result: Any, where: str) -> Step:
+    """A Step, or a tuple (observation, reward, done), checked; anything else is an EnvError."""
+    if isinstance(result, tuple) and len(result) == 3:
+        result = Step(*result)
+    if not isinstance(result, Step):
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
+        raise EnvError(f"{where}: step() returned {got}; it must return Step(observation, reward, done) or a "
+                       f"tuple (observation, reward, done)")
+    obs = result.observation
+    ok_obs = obs is None or isinstance(obs, str) or (isinstance(obs, list) and (
+        all(isinstance(x, int) and not isinstance(x, bool) for x in obs) or all(isinstance(x, dict) for x in obs)))
+    if not ok_obs:
+        raise EnvError(f"{where}: step() returned an observation of type {type(obs).__name__}; it must be text, "
+                       f"a list of token ids or a list of chat messages")
+    try:
+        reward = float(result.reward)
+    except (TypeError, ValueError):
+        raise EnvError(f"{where}: step() returned reward {result.reward!r}, not a number") from None
+    if reward != reward or abs(reward) == float("inf"):
+        raise EnvError(f"{where}: step() returned reward {reward} (NaN or inf)")
+    return Step(obs, reward, bool(result.done))
+
+
+def check_env(env: Any, spec: str, vocab: Callable[[str], list[int]]) -> tuple[int, list[int]]:
+    """Startup check of one instance: returns (its turn limit or 0 if it declares none, stop token ids)."""
+    if not callable(getattr(env, "step", None)):
+        raise ValueError(f"rollout.env '{spec}' returned a {type(env).__name__} without a step() method; an "
+                         f"environment needs step(action_text, action_ids) -> (observation, reward, done)")
+    max_turns = getattr(env, "max_turns", 0)
+    if not isinstance(max_turns, int) or getattr(env, "max_turns", 0) is not None and max_turns < 0:
+        raise ValueError(f"rollout.env '{spec}': max_turns must be a whole number >= 1 (got {max_turns!r})")
+    if "max_turns" in dir(env) and max_turns < 1:
+        raise ValueError(f"rollout.env '{spec}': max_turns must be >= 1 (got {max_turns})")
+    stop_ids = []
+    for s in getattr(env, "stop", ()) or ():
+        ids = vocab(s) if isinstance(s, str) else None
+        if not ids or len(ids) != 1:
+            raise ValueError(f"rollout.env '{spec}': stop token {s!r} is not one token of the tokenizer "
+                             f"(it encodes to {ids}); stop tokens must each be a single token")
+        stop_ids.append(ids[0])
+    return max_turns, stop_ids
+
+
+@dataclass
+class Outcome:
+    value: Any = None
+    error: str | None = None  # "ExceptionType: message" of an exception the call raised
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int) -> list[Outcome]:
+    """Run environment calls in a thread pool; each gets `timeout_s` from the moment it starts.
+
+    A call past its time is abandoned (Python cannot stop a thread; its result is ignored) and reported as
+    timed out, so one slow environment never holds up the rest or a collective for longer than that."""
+    if not calls:
+        return []
+    started: dict[int, float] = {}
+    out = [Outcome() for _ in calls]
+
+    def run(i: int) -> Any:
+        started[i] = time.perf_counter()
+        return calls[i]()
+
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(calls))), thread_name_prefix="rlcore-env")
+    futures = {pool.submit(run, i): i for i in range(len(calls))}
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = cf.wait(pending, timeout=0.01, return_when=cf.FIRST_COMPLETED)
+            now = time.perf_counter()
+            for f in done:
+                i = futures[f]
+                out[i].seconds = now - started[i]
+                try:
+                    out[i].value = f.result()
+                except Exception as e:  # the environment's own error: reported by the caller, with its place
+                    frames = traceback.extract_tb(e.__traceback__)
+                    at = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
+                    out[i].error = f"{type(e).__name__}: {' '.join(str(e).split())}{at}"
+            for f in [f for f in pending if futures[f] in started and now - started[futures[f]] > timeout_s]:
+                out[futures[f]].timed_out, out[futures[f]].seconds = True, now - started[futures[f]]
+                pending.discard(f)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out
