@@ -1,10 +1,11 @@
 """The rollout batch: one dataclass of tensors that every stage of a step reads and fills.
 
 Layout (one rank's share of a step, B sequences):
-    input_ids       [B, L]  prompt + response, right-padded with the pad id
+    input_ids       [B, L]  prompt + response, right-padded with the pad id; a multi-turn response
+                            interleaves the model's turns with environment observations
     attention_mask  [B, L]  1 on real tokens
     loss_mask       [B, T]  T = L - 1; position t scores token input_ids[:, t + 1],
-                            1 where that token is a response token
+                            1 where that token was sampled by the model (0 on prompt, observations, pad)
     rollout_logprobs[B, T]  log p(token) seen by the inference engine while sampling
     old_logprobs    [B, T]  the trainer's log p(token) before this step's update
     ref_logprobs    [B, T]  the frozen reference model's log p(token) (None without one)
@@ -31,7 +32,7 @@ class Batch:
     rollout_logprobs: torch.Tensor
     rewards: torch.Tensor
     group_size: int
-    max_new_tokens: int = 0  # the generation budget the responses were sampled with
+    max_model_tokens: int = 0  # model tokens a sequence can hold at most (all turns): the generation budget
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
@@ -83,4 +84,4 @@ class Normaliser:
     how the batch was split (see rlcore.objectives.aggregate)."""
     tokens: float  # response tokens (sum of loss_mask)
     sequences: float  # sequences with at least one response token
-    max_len: int = 0  # generation budget (rollout.max_new_tokens): seq-mean-token-sum-norm's fixed divisor
+    max_len: int = 0  # model-token budget per sequence (Batch.max_model_tokens): seq-mean-token-sum-norm's divisor

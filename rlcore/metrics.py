@@ -27,6 +27,10 @@ def peak_memory_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def _turn(key: str) -> int:
+    return int(key.removeprefix("env/active_turn")) if key.startswith("env/active_turn") else 0
+
+
 class RunLogger:
     def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0):
         """start_step > 0: a resumed run keeps the log of steps up to it and drops any later lines
@@ -55,6 +59,9 @@ class RunLogger:
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
         shown = [f"{short}={metrics[k]:.4g}" for k, short in PROGRESS_KEYS if k in metrics]
+        active = [f"{metrics[k]:g}" for k in sorted(metrics, key=_turn) if k.startswith("env/active_turn")]
+        if active:  # multi-turn: trajectories still running in turn 1, 2, ...
+            shown.append("active=" + "/".join(active))
         self.bar.write(f"step {step}: " + " ".join(shown))
         if "time/step_s" in metrics:
             self.bar.update(1)

@@ -65,38 +65,40 @@ def gsm8k(prompts: list[str], completions: list[str], answer: list[str], **_) ->
 BUILTINS = {"arithmetic_exact": arithmetic_exact, "gsm8k": gsm8k}
 
 
-def resolve(fn) -> Callable:
-    """A callable, "module:function", "path/to/file.py:function", or a built-in's name -> the function."""
-    return fn if callable(fn) else _resolve_spec(str(fn))
+def resolve(fn, what: str = "reward") -> Callable:
+    """A callable, "module:function", "path/to/file.py:function", or a built-in's name -> the function.
+    `what` names the setting in error messages (e.g. "rollout.env", which resolves the same way)."""
+    return fn if callable(fn) else _resolve_spec(str(fn), what)
 
 
 @functools.lru_cache(maxsize=None)  # a file spec runs its file once, not on every score() call
-def _resolve_spec(spec: str) -> Callable:
-    if spec in BUILTINS:
+def _resolve_spec(spec: str, what: str) -> Callable:
+    if spec in BUILTINS and what == "reward":
         return BUILTINS[spec]
     where, _, name = spec.rpartition(":")
     if not where or not name:
-        raise ValueError(f"reward '{spec}' is not a built-in ({', '.join(BUILTINS)}) nor of the form "
+        raise ValueError(f"{what} '{spec}' is not a built-in ({', '.join(BUILTINS)}) nor of the form "
                          f"'module:function' or 'path/to/file.py:function'")
     if where.endswith(".py"):
         path = Path(where).expanduser()
         if not path.is_file():
-            raise ValueError(f"reward '{spec}': file '{where}' does not exist")
-        module_spec = importlib.util.spec_from_file_location(f"rlcore_reward_{path.stem}", path)
+            raise ValueError(f"{what} '{spec}': file '{where}' does not exist")
+        module_spec = importlib.util.spec_from_file_location(f"rlcore_user_{path.stem}", path)
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
         except Exception as e:  # the user's file failed to run: say which spec, keep the cause
-            raise ValueError(f"reward '{spec}': running '{where}' failed: {type(e).__name__}: "
+            raise ValueError(f"{what} '{spec}': running '{where}' failed: {type(e).__name__}: "
                              f"{_one_line(str(e))}") from e
     else:
         try:
             module = importlib.import_module(where)
-        except ImportError as e:
-            raise ValueError(f"reward '{spec}': cannot import module '{where}' ({e})") from None
+        except Exception as e:  # not found, or the user's module raised while importing
+            raise ValueError(f"{what} '{spec}': cannot import module '{where}' ({type(e).__name__}: "
+                             f"{_one_line(str(e))})") from None
     found = getattr(module, name, None)
     if not callable(found):
-        raise ValueError(f"reward '{spec}': '{where}' has no function '{name}'")
+        raise ValueError(f"{what} '{spec}': '{where}' has no function '{name}'")
     return found
 
 
@@ -187,10 +189,13 @@ def reward_inputs(rows: list[dict], prompt_column: str) -> tuple[list[str], dict
     return [r[prompt_column] for r in rows], columns
 
 
-def score_rollouts(run: Run, rows: list[dict], completions: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def score_rollouts(run: Run, rows: list[dict], completions: list[str], extra: dict[str, list] | None = None
+                   ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Weighted reward per sequence [B] from the reward functions plus the reward models, and each one's
-    unweighted scores by name. Any rank's reward-function error stops every rank before the update."""
+    unweighted scores by name. `extra` adds columns (multi-turn: transcripts, turns, envs). Any rank's
+    reward-function error stops every rank before the update."""
     prompts, columns = reward_inputs(rows, run.cfg.data.prompt_column)
+    columns |= extra or {}
     error, total, parts = None, torch.zeros(len(rows)), {}
     try:
         if run.reward_fns:

@@ -23,7 +23,8 @@ from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.rollout.collect import collect, evaluate
+from rlcore.rollout.collect import collect, evaluate, make_envs, model_budget
+from rlcore.rollout.turns import Envs
 
 
 class Preempted(RunError):
@@ -37,11 +38,14 @@ class Run:
     dims: ParallelDims
     group: int  # this rank's rollout group (index along the "dp" axis)
     tp_rank: int  # this rank's place inside the group (index along the "tp" axis)
+    tp_group: object  # the process group of this rank's engine (environment results are shared in it)
     tokenizer: object
     prompts: PromptStream
     eval_rows: list[dict]
     reward_fns: list  # [(function, weight)]
     reward_models: list  # [(RewardModel, weight)]
+    envs: Envs  # the environment (or single-turn) settings of the turn loop
+    model_budget: int  # model tokens a trajectory can hold (all turns)
     engine: RolloutEngine
     policy: torch.nn.Module
     reference: torch.nn.Module | None
@@ -80,18 +84,21 @@ def setup(cfg: Config) -> Run:
     if needs_critic(cfg) and cfg.critic.path != "policy" and not _is_value_model(cfg.critic.path):
         models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
     dims.validate(hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None))
-    max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    # The engine's context holds the prompt and everything after it: all turns, model and environment tokens.
+    after = cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens
+    max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + after
     context = getattr(hf_config, "max_position_embeddings", max_model_len)
-    if max_model_len > context or cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens > max_model_len:
-        raise ValueError(f"data.max_prompt_tokens + rollout.max_new_tokens = "
-                         f"{cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens} does not fit the engine "
-                         f"context (rollout.max_model_len={max_model_len}, model max {context})")
+    if max_model_len > context or cfg.data.max_prompt_tokens + after > max_model_len:
+        which = "max_total_tokens" if cfg.rollout.max_total_tokens else "max_new_tokens"
+        raise ValueError(f"data.max_prompt_tokens + rollout.{which} = {cfg.data.max_prompt_tokens + after} does "
+                         f"not fit the engine context (rollout.max_model_len={max_model_len}, model max {context})")
 
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards if not spec.model]
     table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
                              cfg.data, tokenizer, "data.path")
+    envs = make_envs(cfg, tokenizer, table[0], hf_config.vocab_size)
     fsdp_mesh, rollout_mesh = build_meshes(dims)
     group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
@@ -130,10 +137,15 @@ def setup(cfg: Config) -> Run:
                  + (f"{critic_from} + value head (trained)" if critic else "none")
                  + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
-                                            + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]))
+                                            + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
+                                            + ([f"env x{cfg.rollout.env_weight:g}"] if envs.factory else [])))
+    if envs.factory:
+        logger.print(f"rlcore: environment {envs.spec}: up to {envs.max_turns} turns of {cfg.rollout.max_new_tokens} "
+                     f"tokens, {after} tokens after the prompt")
     for line in resume_notes:
         logger.print(line)
-    return Run(cfg, dims, group, tp_rank, tokenizer, prompts, eval_rows, reward_fns, reward_models, engine,
+    return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows, reward_fns,
+               reward_models, envs, model_budget(cfg, envs), engine,
                policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir,
                meta=meta, resume_from=resume_from)
 
@@ -160,15 +172,16 @@ def validate(cfg: Config, dims: ParallelDims) -> None:
     if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
         raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
     cfg.algorithm.validate(cfg)
-    if not cfg.rewards:
-        raise ValueError("rewards is empty: the recipe must list at least one reward function or model")
+    if not cfg.rewards and not cfg.rollout.env:
+        raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
+                         "rollout.env (an environment whose step rewards are the reward)")
     for i, spec in enumerate(cfg.rewards):
         if bool(spec.fn) == bool(spec.model):
             raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
                              f"sequence-classification reward model)")
-    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards):
+    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not cfg.rollout.env:
         raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
-                         "correctness); set data.eval_path= to turn eval off")
+                         "correctness) or an environment; set data.eval_path= to turn eval off")
     r, t = cfg.rollout, cfg.train
     if r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "

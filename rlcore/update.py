@@ -48,7 +48,7 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
             mini = batch.rows(start, start + rows)
             local = local_normaliser(mini.loss_mask)  # summed over this rank's micro-batches...
             tokens, sequences = all_sum(local.tokens, local.sequences)  # ...and over every rank
-            norm = Normaliser(tokens, sequences, max_len=cfg.rollout.max_new_tokens)
+            norm = Normaliser(tokens, sequences, max_len=batch.max_model_tokens)
             loss_sum = 0.0
             for i in range(0, len(mini), cfg.train.micro_batch_size):
                 micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)

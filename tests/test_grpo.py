@@ -67,7 +67,7 @@ def test_overlong_penalty():
 def test_dapo_shapes_rewards_before_the_group_baseline():
     """Lengths 2 and 1 with budget 2, buffer 1: the first response pays -1 -> rewards [1 - 1, 0] = [0, 0],
     an all-equal group (advantage 0); without shaping the group is [1, 0]."""
-    batch = _batch(max_new_tokens=2)
+    batch = _batch(max_model_tokens=2)
     algo = dapo(overlong_buffer=1)
     advantages, metrics = algo.advantages(batch)
     torch.testing.assert_close(advantages, torch.zeros(2, 3))

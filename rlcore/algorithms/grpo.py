@@ -83,7 +83,7 @@ class GRPO(PolicyLoss):
         rewards, metrics = batch.rewards.float(), {}
         if self.overlong_buffer:
             lengths = batch.loss_mask.sum(-1)  # [B]
-            penalty = overlong_penalty(lengths, batch.max_new_tokens, self.overlong_buffer, self.overlong_penalty)
+            penalty = overlong_penalty(lengths, batch.max_model_tokens, self.overlong_buffer, self.overlong_penalty)
             rewards = rewards + penalty
             total, n = reduce(torch.tensor([penalty.sum().item(), len(penalty)], dtype=torch.float64)).tolist()
             metrics["reward/overlong_penalty_mean"] = total / n

@@ -31,18 +31,21 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, ga
 
     Example, one response of 2 tokens, gamma 1, lambda 0.5: rewards [0, 1], values [0.5, 0.25]
     -> deltas [0 + 0.25 - 0.5, 1 + 0 - 0.25] = [-0.25, 0.75]; A = [-0.25 + 0.5 * 0.75, 0.75] = [0.125, 0.75];
-    returns = A + V = [0.625, 1.0].
+    returns = A + V = [0.625, 1.0]. The same two tokens as two turns with an observation between them
+    (mask [1, 0, 0, 1]) give the same advantages on the model tokens: nothing is discounted off the mask.
     """
     m = loss_mask.float()  # [B, T]
     advantages = torch.zeros_like(m)
     next_value = torch.zeros_like(m[:, 0])  # [B]
     next_adv = torch.zeros_like(m[:, 0])  # [B]
     for t in reversed(range(m.shape[1])):
-        # Responses are contiguous: a masked-out position after the response is the terminal state.
         delta = rewards[:, t] + gamma * next_value - values[:, t]
         adv = delta + gamma * lam * next_adv
         advantages[:, t] = adv * m[:, t]
-        next_value, next_adv = values[:, t] * m[:, t], adv * m[:, t]
+        # Off the mask (an environment's observation, or the prompt) the next model token's value and
+        # advantage carry through unchanged: the episode goes on. After the last model token they stay 0.
+        keep = m[:, t] > 0
+        next_value, next_adv = torch.where(keep, values[:, t], next_value), torch.where(keep, adv, next_adv)
     return advantages, (advantages + values) * m
 
 

@@ -25,16 +25,19 @@ from rlcore.objectives import (KL_ESTIMATORS, PolicyLoss, Reduce, global_token_m
 
 
 def returns_to_go(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """[B, T] discounted sum of this and later response tokens' rewards.
+    """[B, T] discounted sum of this and later model tokens' rewards; 0 off the mask.
 
-    Example, gamma 0.5: rewards [[0, -0.1, 1.0]], mask [[0, 1, 1]] -> [[0, -0.1 + 0.5 * 1.0, 1.0]] = [[0, 0.4, 1]].
+    Discounting counts model tokens only: the running sum is carried unchanged across positions off the
+    mask (a multi-turn environment's observation), so an earlier turn sees the final reward.
+    Example, gamma 0.5: rewards [[0, -0.1, 1.0]], mask [[0, 1, 1]] -> [[0, -0.1 + 0.5 * 1.0, 1.0]] = [[0, 0.4, 1]];
+    two turns, rewards [[0, 0, 0, 1]], mask [[1, 0, 0, 1]] -> [[0.5, 0, 0, 1]].
     """
     m = loss_mask.float()
     out = torch.zeros_like(m)
     running = torch.zeros_like(m[:, 0])  # [B]
     for t in reversed(range(m.shape[1])):
-        running = (rewards[:, t] + gamma * running) * m[:, t]
-        out[:, t] = running
+        running = torch.where(m[:, t] > 0, rewards[:, t] + gamma * running, running)
+        out[:, t] = running * m[:, t]
     return out
 
 

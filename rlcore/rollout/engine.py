@@ -31,7 +31,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 @dataclass
 class Sample:
     token_ids: list[int]  # response tokens, eos included when it was sampled
-    logprobs: list[float]  # log p of each response token at the sampling temperature
+    logprobs: list[float]  # log p of each response token at the sampling temperature ([] when greedy)
+    finish_reason: str = ""  # "stop" (EOS or a stop token, the last of token_ids) or "length" (max_tokens)
 
 
 @dataclass
@@ -69,22 +70,30 @@ class RolloutEngine:
         # puts it back itself). Real load failures still surface through the logprob check.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
 
-    def generate(self, prompts: list[list[int]], n: int, max_tokens: int, temperature: float,
-                 seeds: list[int]) -> list[list[Sample]]:
-        """n samples per prompt; sample j of a prompt with seed s is drawn with seed s + j (vLLM)."""
+    def generate(self, prompts: list[list[int]], n: int | list[int], max_tokens: int | list[int],
+                 temperature: float, seeds: list[int | None], stop_token_ids: list[int] | None = None
+                 ) -> list[list[Sample]]:
+        """n samples per prompt (an int for all, or one per prompt); sample j of a prompt with seed s is drawn
+        with seed s + j (vLLM). A sample ends at EOS, at a stop token (both kept in its tokens) or at
+        max_tokens. temperature 0 is greedy (no logprobs are taken)."""
         from vllm import SamplingParams
 
-        params = [SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
-                                 logprobs=0, seed=s) for s in seeds]
+        count = len(prompts)
+        ns = n if isinstance(n, list) else [n] * count
+        caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * count
+        extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+        if temperature == 0:
+            params = [SamplingParams(n=k, temperature=0.0, max_tokens=cap, **extra) for k, cap in zip(ns, caps)]
+        else:
+            params = [SamplingParams(n=k, temperature=temperature, top_p=1.0, top_k=0, max_tokens=cap, logprobs=0,
+                                     seed=s, **extra) for k, cap, s in zip(ns, caps, seeds)]
         outs = self._run(prompts, params)
-        return [[Sample(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
-                 for c in out.outputs] for out in outs]
+        return [[Sample(list(c.token_ids),
+                        [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else [],
+                        c.finish_reason or "") for c in out.outputs] for out in outs]
 
     def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        from vllm import SamplingParams
-
-        outs = self._run(prompts, SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens))
-        return [list(out.outputs[0].token_ids) for out in outs]
+        return [s[0].token_ids for s in self.generate(prompts, 1, max_tokens, 0.0, [None] * len(prompts))]
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""

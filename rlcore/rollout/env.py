@@ -63,26 +63,26 @@ class EnvError(RuntimeError):
     """An environment misbehaved; the message is one line naming the environment, the sample and the turn."""
 
 
-def as_step(result: Any, where: str) -> Step:
+def as_step(result: Any) -> Step:
     """A Step, or a tuple (observation, reward, done), checked; anything else is an EnvError."""
     if isinstance(result, tuple) and len(result) == 3:
         result = Step(*result)
     if not isinstance(result, Step):
         got = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
-        raise EnvError(f"{where}: step() returned {got}; it must return Step(observation, reward, done) or a "
+        raise EnvError(f"step() returned {got}; it must return Step(observation, reward, done) or a "
                        f"tuple (observation, reward, done)")
     obs = result.observation
     ok_obs = obs is None or isinstance(obs, str) or (isinstance(obs, list) and (
         all(isinstance(x, int) and not isinstance(x, bool) for x in obs) or all(isinstance(x, dict) for x in obs)))
     if not ok_obs:
-        raise EnvError(f"{where}: step() returned an observation of type {type(obs).__name__}; it must be text, "
+        raise EnvError(f"step() returned an observation of type {type(obs).__name__}; it must be text, "
                        f"a list of token ids or a list of chat messages")
     try:
         reward = float(result.reward)
     except (TypeError, ValueError):
-        raise EnvError(f"{where}: step() returned reward {result.reward!r}, not a number") from None
+        raise EnvError(f"step() returned reward {result.reward!r}, not a number") from None
     if reward != reward or abs(reward) == float("inf"):
-        raise EnvError(f"{where}: step() returned reward {reward} (NaN or inf)")
+        raise EnvError(f"step() returned reward {reward} (NaN or inf)")
     return Step(obs, reward, bool(result.done))
 
 
@@ -91,11 +91,9 @@ def check_env(env: Any, spec: str, vocab: Callable[[str], list[int]]) -> tuple[i
     if not callable(getattr(env, "step", None)):
         raise ValueError(f"rollout.env '{spec}' returned a {type(env).__name__} without a step() method; an "
                          f"environment needs step(action_text, action_ids) -> (observation, reward, done)")
-    max_turns = getattr(env, "max_turns", 0)
-    if not isinstance(max_turns, int) or getattr(env, "max_turns", 0) is not None and max_turns < 0:
+    max_turns = getattr(env, "max_turns", 0)  # 0: the environment sets no limit of its own
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or (hasattr(env, "max_turns") and max_turns < 1):
         raise ValueError(f"rollout.env '{spec}': max_turns must be a whole number >= 1 (got {max_turns!r})")
-    if "max_turns" in dir(env) and max_turns < 1:
-        raise ValueError(f"rollout.env '{spec}': max_turns must be >= 1 (got {max_turns})")
     stop_ids = []
     for s in getattr(env, "stop", ()) or ():
         ids = vocab(s) if isinstance(s, str) else None
