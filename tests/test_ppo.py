@@ -113,3 +113,21 @@ def test_needs():
     PPO().validate(_cfg())
     assert PPO.needs_critic and not PPO().needs_reference
     assert PPO(kl_penalty=0.01).needs_reference and PPO(kl_coef=0.01).needs_reference
+
+
+def test_gae_carries_across_an_environment_gap():
+    """Turn 1 (positions 0-1), an observation (2-3, mask 0, values 0 there), turn 2 (4-5) with the reward on
+    its last token; gamma 1, lambda 0.5, V = [0.1, 0.2, -, -, 0.4, 0.5]:
+      t5: delta = 1 - 0.5 = 0.5                A5 = 0.5
+      t4: delta = 0.5 - 0.4 = 0.1              A4 = 0.1 + 0.5 * 0.5 = 0.35
+      t1: delta = 0.4 - 0.2 = 0.2 (V of t4)    A1 = 0.2 + 0.5 * 0.35 = 0.375
+      t0: delta = 0.2 - 0.1 = 0.1              A0 = 0.1 + 0.5 * 0.375 = 0.2875
+    exactly the advantages of the same four tokens without the gap."""
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1]], dtype=torch.float32)
+    values = torch.tensor([[0.1, 0.2, 0, 0, 0.4, 0.5]])
+    rewards = torch.tensor([[0, 0, 0, 0, 0, 1.0]])
+    adv, ret = gae(rewards, values, mask, 1.0, 0.5)
+    assert adv[0].tolist() == pytest.approx([0.2875, 0.375, 0, 0, 0.35, 0.5])
+    assert ret[0].tolist() == pytest.approx([0.3875, 0.575, 0, 0, 0.75, 1.0])
+    flat, _ = gae(torch.tensor([[0, 0, 0, 1.0]]), torch.tensor([[0.1, 0.2, 0.4, 0.5]]), torch.ones(1, 4), 1.0, 0.5)
+    assert adv[mask.bool()].tolist() == pytest.approx(flat[0].tolist())

@@ -102,3 +102,15 @@ def test_validate_errors(algo, group_size, message):
     cfg.rollout.group_size = group_size
     with pytest.raises(ValueError, match=message):
         algo.validate(cfg)
+
+
+def test_returns_carry_across_an_environment_gap():
+    """Two model turns with an observation between them (mask 0 at positions 3-4): the final reward reaches
+    the first turn, discounted by model tokens only. Before multi-turn the gap reset the running sum to 0."""
+    mask = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0]], dtype=torch.float32)
+    rewards = torch.tensor([[0, 0, 0, 0, 0, 0, 1.0, 0]])
+    assert returns_to_go(rewards, mask, 0.5).tolist() == [[0, 0.125, 0.25, 0, 0, 0.5, 1.0, 0]]
+    assert returns_to_go(rewards, mask, 1.0).tolist() == [[0, 1, 1, 0, 0, 1, 1, 0]]
+    # per-token penalties on both turns (a KL penalty in the reward), gamma 1: sums of what follows
+    penalised = torch.tensor([[0, -0.1, -0.1, 0, 0, -0.1, 0.9, 0]])
+    assert returns_to_go(penalised, mask, 1.0)[0].tolist() == pytest.approx([0, 0.6, 0.7, 0, 0, 0.8, 0.9, 0])
