@@ -210,3 +210,28 @@ def test_stop_signal_records_sigterm_and_sigusr1():
     finally:
         stop.restore()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+MULTI_TURN = ("recipe=reinforce_pp_tiny", *RUN[1:], "rollout.env=tests/envs/plumbing.py:Retry",
+              "rollout.max_total_tokens=16")
+
+
+@pytest.mark.slow
+def test_multi_turn_kill_then_resume_is_exact_once(tmp_path):
+    """Two-turn rollouts (REINFORCE++, returns carried across the observation): a rank SIGKILLed in step 3
+    and resume=auto log the same numbers at every step, and export the same bytes, as the run straight
+    through. Turn seeds derive from (run seed, step, trajectory, turn), so nothing depends on process state."""
+    proc = train_cmd(*MULTI_TURN, f"output_dir={tmp_path / 'straight'}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    straight = tmp_path / "straight" / "reinforce_pp_tiny"
+    proc = torchrun(WORKERS / "faults.py", *MULTI_TURN, f"output_dir={tmp_path}",
+                    env={"KILL_RANK": "0", "KILL_AT_UPDATE": "3"})
+    assert -9 in rank_exit_codes(proc), proc.stderr[-4000:]
+    proc = train_cmd(*MULTI_TURN, f"output_dir={tmp_path}", "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run = tmp_path / "reinforce_pp_tiny"
+    ours, theirs = read_metrics(run), read_metrics(straight)
+    assert [r["step"] for r in ours] == [1, 2, 3, 4] and ours == theirs
+    assert all(r["env/turns_mean"] == 2.0 and r["rollout/logprob_diff_max"] < 1e-4 for r in ours)
+    weights = "hf/step_4/model.safetensors"
+    assert (run / weights).read_bytes() == (straight / weights).read_bytes()
