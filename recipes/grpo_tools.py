@@ -1,0 +1,84 @@
+"""GRPO with a calculator tool on GSM8K: one node of 8 GPUs, four TP=2 vLLM engines, bf16, up to 4 turns.
+
+    torchrun --nproc-per-node 8 launch/train.py recipe=grpo_tools
+    torchrun --nproc-per-node 8 launch/train.py recipe=grpo_tools rollout.max_turns=2 name=tools-2turns
+
+The model (Qwen2.5-1.5B-Instruct, whose chat template has a "tool" role) may call the tool with
+<tool_call>{"name": "calculator", "arguments": {"expression": "12*4-6"}}</tool_call> and end its turn; the
+tool's answer comes back as a tool message, encoded by the model's own chat template (rlcore.rollout.chat),
+and the model continues. A turn without a tool call is the final answer; the reward is the built-in gsm8k
+check of that last turn. Needs the hub or local copies, as recipes/grpo.py says.
+"""
+import ast
+import json
+import operator
+import re
+
+from rlcore.algorithms.grpo import GRPO
+from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
+                           TrainConfig)
+from rlcore.rollout.env import Env, Step
+
+SYSTEM = ("Solve the math problem step by step. You may use a calculator: write <tool_call>{\"name\": "
+          "\"calculator\", \"arguments\": {\"expression\": \"<arithmetic>\"}}</tool_call> and stop; its result "
+          "comes back as a tool message. End your final answer with a line '#### <number>'.")
+CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+       ast.Pow: operator.pow, ast.Mod: operator.mod, ast.FloorDiv: operator.floordiv, ast.USub: operator.neg,
+       ast.UAdd: operator.pos}
+
+
+def calculate(expression: str) -> float:
+    """+ - * / // % ** and parentheses over numbers; anything else is a ValueError. "12*4-6" -> 42."""
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > 64:
+                raise ValueError("exponent too large")
+            return OPS[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPS:
+            return OPS[type(node.op)](ev(node.operand))
+        raise ValueError(f"unsupported expression: {ast.dump(node)[:40]}")
+    return ev(ast.parse(expression.replace(",", ""), mode="eval").body)
+
+
+class Calculator(Env):
+    """One per trajectory. A malformed call is answered with an error message the model can read."""
+    max_turns = 4
+
+    def __init__(self, row):
+        self.calls = 0
+
+    def step(self, action: str, action_ids: list[int]) -> Step:
+        found = CALL.findall(action)
+        if not found:
+            return Step(done=True)  # no tool call: this turn was the final answer
+        self.calls += 1
+        try:
+            call = json.loads(found[-1])
+            value = calculate(str(call["arguments"]["expression"]))
+            answer = f"{value:g}" if isinstance(value, float) else str(value)
+        except (ValueError, KeyError, TypeError, SyntaxError, ZeroDivisionError, OverflowError) as e:
+            answer = f"error: {type(e).__name__}: {e}"[:200]
+        return Step([{"role": "tool", "content": answer}])
+
+
+def config() -> Config:
+    return Config(
+        name="grpo-tools-gsm8k",
+        seed=0,
+        model=ModelConfig(path="Qwen/Qwen2.5-1.5B-Instruct", dtype="float32", mixed_precision="bfloat16",
+                          activation_checkpointing=True),
+        data=DataConfig(path="openai/gsm8k", name="main", split="train", prompt_column="question",
+                        chat_template=True, system_prompt=SYSTEM, eval_path="openai/gsm8k", eval_split="test",
+                        eval_size=512, max_prompt_tokens=512),
+        rollout=RolloutConfig(tensor_parallel=2, group_size=8, prompts_per_step=128, max_new_tokens=512,
+                              max_total_tokens=1536, env=Calculator, env_timeout_s=10.0, temperature=1.0,
+                              gpu_memory_utilization=0.4, logprob_diff_threshold=2.0),
+        optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
+        train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25),
+        rewards=[RewardSpec(fn="rlcore.rewards:gsm8k", weight=1.0)],
+        algorithm=GRPO(clip_low=0.2, clip_high=0.28, kl_coef=0.001, loss_agg="token-mean"),
+    )
