@@ -113,6 +113,42 @@ class Config:
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
 
 
+def validate(cfg: Config, dims) -> None:
+    """Cheap checks of the whole config against the mesh (`dims`: rlcore.parallel.ParallelDims), before
+    anything loads. Raises ValueError naming the field."""
+    if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
+        raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
+    cfg.algorithm.validate(cfg)
+    if not cfg.rewards and not cfg.rollout.env:
+        raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
+                         "rollout.env (an environment whose step rewards are the reward)")
+    for i, spec in enumerate(cfg.rewards):
+        if bool(spec.fn) == bool(spec.model):
+            raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
+                             f"sequence-classification reward model)")
+    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not cfg.rollout.env:
+        raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
+                         "correctness) or an environment; set data.eval_path= to turn eval off")
+    r, t = cfg.rollout, cfg.train
+    if r.prompts_per_step % dims.world_size:
+        raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
+                         f"size {dims.world_size} (every rank trains on whole prompt groups)")
+    rows = r.prompts_per_step // dims.world_size * r.group_size
+    if rows % t.mini_batches:
+        raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
+    for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
+                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every),
+                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_skipped_steps",
+                                                                         t.max_skipped_steps)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1 (got {value})")
+    if r.temperature <= 0:
+        raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
+    for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
+
+
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).
 #   validate(cfg: Config) -> None                  raise ValueError naming the bad field
 #   needs_reference: bool                          build the frozen reference model?

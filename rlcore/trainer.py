@@ -1,8 +1,9 @@
 """The colocated RL loop: generate -> reward -> logprobs -> advantages -> update -> sync, on every rank.
 
-One torchrun program. Each step, every rollout group (k ranks, one vLLM engine) samples `group_size`
-responses for its slice of the prompts; each rank of the group then trains on its own 1/k of them
-with FSDP2 over the whole world; finally the new weights are streamed into the engines in place.
+One torchrun program. Each step, every rollout group (k ranks, one vLLM engine) runs `group_size`
+trajectories for each prompt of its slice (one model turn, or several with an environment:
+rlcore/rollout/); each rank of the group then trains on its own 1/k of them with FSDP2 over the whole
+world (rlcore/update.py); finally the new weights are streamed into the engines in place.
 The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algorithm`.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from rlcore import checkpoint, export, models, rewards, update
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
-from rlcore.config import Config
+from rlcore.config import Config, validate
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
@@ -166,40 +167,6 @@ def _is_value_model(path: str) -> bool:
     """A saved critic (token classifier) rather than a causal LM backbone."""
     config = Path(path) / "config.json"
     return config.exists() and "ForTokenClassification" in config.read_text()
-
-
-def validate(cfg: Config, dims: ParallelDims) -> None:
-    if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
-        raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
-    cfg.algorithm.validate(cfg)
-    if not cfg.rewards and not cfg.rollout.env:
-        raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
-                         "rollout.env (an environment whose step rewards are the reward)")
-    for i, spec in enumerate(cfg.rewards):
-        if bool(spec.fn) == bool(spec.model):
-            raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
-                             f"sequence-classification reward model)")
-    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not cfg.rollout.env:
-        raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
-                         "correctness) or an environment; set data.eval_path= to turn eval off")
-    r, t = cfg.rollout, cfg.train
-    if r.prompts_per_step % dims.world_size:
-        raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
-                         f"size {dims.world_size} (every rank trains on whole prompt groups)")
-    rows = r.prompts_per_step // dims.world_size * r.group_size
-    if rows % t.mini_batches:
-        raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
-    for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
-                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every),
-                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_skipped_steps",
-                                                                         t.max_skipped_steps)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1 (got {value})")
-    if r.temperature <= 0:
-        raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
-    for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
 
 
 def total_optimizer_steps(cfg: Config) -> int:
