@@ -108,3 +108,16 @@ def test_a_step_of_the_wrong_shape_stops_the_run(tmp_path):
                      f"rollout.env={ENVS}:WrongShape", "rollout.max_total_tokens=16", *SMALL)
     assert rank_exit_codes(proc) == {3}, proc.stderr[-3000:]
     assert "turn 1: step() returned a tuple of 2; it must return Step(observation, reward, done)" in proc.stderr
+
+
+def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
+    """rollout.max_turns=1 cuts the two-turn environment after its first step: every trajectory is truncated
+    (out of turns), and rollout.truncated_reward replaces whatever the reward functions gave."""
+    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
+                     f"rollout.env={ENVS}:Retry", "rollout.max_total_tokens=16", "rollout.max_turns=1",
+                     "rollout.truncated_reward=-0.5", *SMALL)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (r,) = read_metrics(tmp_path / "demo")
+    assert r["env/truncated_frac"] == 1.0 and r["env/turns_mean"] == 1.0 and "env/active_turn2" not in r
+    assert r["reward/mean"] == -0.5 and r["reward/std"] == 0.0
+    assert r["reward/arithmetic_exact"] > 0  # the scored reward, before the truncation rule replaced it
