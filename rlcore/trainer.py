@@ -99,11 +99,11 @@ def setup(cfg: Config) -> Run:
     reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards if not spec.model]
     table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
                              cfg.data, tokenizer, "data.path")
-    envs = make_envs(cfg, tokenizer, table[0], hf_config.vocab_size)
     fsdp_mesh, rollout_mesh = build_meshes(dims)
     group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
                            group, cfg.seed, cfg.data.num_workers)
+    envs = make_envs(cfg, tokenizer, table[0], hf_config.vocab_size)  # one instance from the first row, checked
     eval_rows = []
     if cfg.data.eval_path:
         held_out = tokenize_prompts(load_table(cfg.data.eval_path, cfg.data.eval_split, cfg.data.name,

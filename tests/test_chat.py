@@ -122,3 +122,29 @@ def test_check_tool_role_missing_template_and_dropped_tool():
                                 field="rollout.env")
     with pytest.raises(ValueError, match="^data.chat_template is on but the tokenizer has no chat template"):
         check_prefix_preserving(tokenizer(None))
+
+
+def test_a_multi_turn_run_refuses_a_template_that_is_not_prefix_preserving():
+    """The startup check of the environment settings (rlcore.rollout.collect.make_envs, run before any engine
+    starts) applies the prefix check when the data uses the chat template; a good template passes."""
+    from rlcore.config import Config, DataConfig, RolloutConfig
+    from rlcore.rollout.collect import make_envs
+
+    class Tool:
+        max_turns = 2
+
+        def __init__(self, row):
+            pass
+
+        def step(self, action, action_ids):
+            return [{"role": "tool", "content": "42"}], 0.0, False
+
+    cfg = Config(data=DataConfig(chat_template=True),
+                 rollout=RolloutConfig(env=Tool, max_new_tokens=8, max_total_tokens=64))
+    envs = make_envs(cfg, tokenizer(CHATML), {"prompt": "2*21?"}, vocab_size=128)
+    assert envs.max_turns == 2 and envs.encode([{"role": "tool", "content": "42"}]) == \
+        encode(tokenizer(CHATML), "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+                                  "<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match=r"^data.chat_template: the chat template is not prefix-preserving") as e:
+        make_envs(cfg, tokenizer(STRIPS_THINKING), {"prompt": "2*21?"}, vocab_size=128)
+    assert "\n" not in str(e.value)
