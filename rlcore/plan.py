@@ -312,7 +312,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
         (f"gathered units (root + 2 layers) + unsharded grads", gathered),
         (f"activations (checkpointing {'on' if m.activation_checkpointing else 'off'}; "
          f"{tokens * other / GB:.1f} GB {'off' if m.activation_checkpointing else 'on'})", tokens * act),
-        (f"logits + fp32 log-softmax copies [{tokens}, {big.vocab}]", tokens * big.vocab * (b_c + 16)),
+        (f"logits + fp32 log-softmax copies [{tokens}, {actor.vocab}]", tokens * actor.vocab * (b_c + 16)),
     ] + ([] if asleep else engine), (1 - MARGIN) * memory, 1 if cuda else nproc)
     generation = Bar("generation", resident + engine, (1 - MARGIN) * memory, 1 if cuda else nproc,
                      kv_short=seq * kv_per_token - kv)
