@@ -12,7 +12,12 @@ Continue a stopped run (newest complete checkpoint in runs/<name>/checkpoints/):
 Slurm, multi-node (requeued on preemption, resumes by itself):
     sbatch --nodes 4 launch/slurm.sbatch recipe=grpo optim.lr=5e-7
 
-Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback.
+Print the launch plan (mesh, models, per-GPU memory; rlcore/plan.py) on rank 0 and exit 0, starting nothing:
+    torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
+
+Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
+torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
+(its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
 Exit codes (of every rank): 0 done; 2 bad input; 3 the run stopped itself; 75 preempted (SIGTERM or
 SIGUSR1: the step finished and a checkpoint was written; run again with resume=auto). torchrun itself
 exits 1 whenever a rank fails or it was signalled, so with RLCORE_EXIT_CODE_FILE=PATH set, local rank 0
@@ -20,14 +25,17 @@ also writes its code to PATH (launch/slurm_node.sh reads it to decide on a reque
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
+from rlcore import plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 from rlcore.trainer import Preempted, RunError, train  # noqa: E402
 
@@ -40,20 +48,43 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     code = 0
     try:
-        train(parse_argv(argv, ROOT / "recipes"))
+        cfg = parse_argv(argv, ROOT / "recipes")
+        if cfg.plan:
+            show_plan(cfg, rank)
+        else:
+            train(cfg)
     except (ValueError, RunError) as e:
         if os.environ.get("RLCORE_DEBUG"):
             traceback.print_exc()
+        line = f"rlcore: {'stopped' if isinstance(e, Preempted) else 'error'}: {e}"
         # Every rank raised the same error together; one of them says it.
         if rank == 0:
-            print(f"rlcore: {'stopped' if isinstance(e, Preempted) else 'error'}: {e}", file=sys.stderr,
-                  flush=True)
+            print(line, file=sys.stderr, flush=True)
+        record_error(line)
         code = (EXIT_PREEMPTED if isinstance(e, Preempted) else
                 EXIT_RUN_STOPPED if isinstance(e, RunError) else EXIT_BAD_INPUT)
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")
     if status and os.environ.get("LOCAL_RANK", "0") == "0":
         Path(status).write_text(f"{code}\n")
     return code
+
+
+def show_plan(cfg, rank: int) -> None:
+    """plan=true: the plan of this launch (torchrun's world and ranks per node), printed by rank 0."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    result = plan.build(cfg, per_node, world // per_node)
+    if rank == 0:
+        print(result.render(), flush=True)
+
+
+def record_error(line: str) -> None:
+    """torchrun sets TORCHELASTIC_ERROR_FILE per rank and prints that file's message in its failure report
+    (torch.distributed.elastic.multiprocessing.errors.ProcessFailure reads {"message", "timestamp"})."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ class Config:
     seed: int = 0  # run seed: model init, data order and every rollout seed derive from it
     resume: str = ""  # "" fresh; "auto" newest complete checkpoint of this run (fresh if none); or a step_<N> dir
     prepare: str = ""  # optional "module:function" run once on rank 0 before loading (builds local assets)
+    plan: bool = False  # print the launch plan (mesh, models, per-GPU memory: rlcore/plan.py) on rank 0 and exit
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -1,0 +1,157 @@
+"""The launch plan (rlcore/plan.py): counts against hand arithmetic, fit verdicts and levers, the two entry
+points (launch/plan.py, launch/train.py plan=true), and torchrun's failure report naming the cause.
+
+Model shapes are written into the test as config.json folders: no hub, no weights, no GPU."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, rank_exit_codes, train_cmd
+from rlcore import plan
+from rlcore.cli import parse_argv
+
+GB = 2**30
+TINY = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=100, tie_word_embeddings=False, max_position_embeddings=512)
+QWEN25_1P5B = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                   num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True,
+                   max_position_embeddings=32768)
+QWEN25_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                 num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
+                 max_position_embeddings=32768)
+SHAPE_72B = dict(model_type="qwen2", hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                 num_key_value_heads=8, intermediate_size=29568, vocab_size=152064, tie_word_embeddings=False,
+                 max_position_embeddings=32768)
+
+
+def model_dir(tmp_path, name, config):
+    path = tmp_path / name
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config | {"architectures": ["Qwen2ForCausalLM"]}))
+    return path
+
+
+def grpo_plan(tmp_path, config, *overrides, gpus=8, gpu_gb=80):
+    cfg = parse_argv(["recipe=grpo", f"model.path={model_dir(tmp_path, 'm', config)}", *overrides], ROOT / "recipes")
+    return plan.build(cfg, gpus, 1, gpu_gb)
+
+
+def part(bar, prefix):
+    return sum(b for name, b in bar.parts if name.startswith(prefix))
+
+
+def test_tiny_counts_by_hand():
+    s = plan.Shapes.from_config(TINY)  # h 64, d 64/4 = 16, kv width 2*16 = 32
+    q, k, v = 64 * 64 + 64, 64 * 32 + 32, 64 * 32 + 32  # qwen2: q/k/v have biases
+    o, mlp, norms = 64 * 64, 3 * 64 * 128, 2 * 64
+    assert s.layer == q + k + v + o + mlp + norms == 37120
+    assert s.params() == 2 * 37120 + 100 * 64 + 64 + 100 * 64 == 87104  # + embedding, final norm, untied head
+    assert s.params("critic") == 87104 - 100 * 64 + 64 + 1  # value head Linear(h, 1) with bias
+    assert s.params("reward") == 87104 - 100 * 64 + 64  # score head Linear(h, 1), no bias
+    assert s.kv_bytes_per_token(tp=1, dtype_bytes=2) == 2 * 2 * 2 * 16 * 2 == 256  # K and V, L, n_kv, d, bf16
+    assert s.kv_bytes_per_token(tp=2, dtype_bytes=2) == 128
+    assert s.kv_bytes_per_token(tp=4, dtype_bytes=2) == 128  # kv heads replicated when tp > n_kv
+
+
+@pytest.mark.parametrize("arch, extra", [("qwen2", {}), ("qwen3", {"head_dim": 32}),
+                                         ("llama", {"attention_bias": True})])
+def test_counts_match_transformers(arch, extra):
+    """The formula against the real module trees (built on the meta device: no memory, no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, \
+        AutoModelForTokenClassification
+
+    fields = {k: v for k, v in TINY.items() if k != "model_type"} | extra
+    s = plan.Shapes.from_config(fields | {"model_type": arch})
+    for role, auto, labels in (("actor", AutoModelForCausalLM, {}), ("critic", AutoModelForTokenClassification,
+                                                                    {"num_labels": 1}),
+                               ("reward", AutoModelForSequenceClassification, {"num_labels": 1})):
+        with torch.device("meta"):
+            model = auto.from_config(AutoConfig.for_model(arch, **fields, **labels))
+        assert s.params(role) == sum(p.numel() for p in model.parameters()), (arch, role)
+
+
+@pytest.mark.parametrize("config, params, kv_tp1", [
+    # per layer: q h*h + h, k and v h*(n_kv*128) + n_kv*128, o h*h, MLP 3*h*I, two norms 2h
+    (QWEN25_1P5B, 28 * (1536 * 1536 + 1536 + 2 * (1536 * 256 + 256) + 1536 * 1536 + 3 * 1536 * 8960 + 2 * 1536)
+     + 151936 * 1536 + 1536, 2 * 28 * 2 * 128 * 2),  # tied: one embedding
+    (QWEN25_7B, 28 * (3584 * 3584 + 3584 + 2 * (3584 * 512 + 512) + 3584 * 3584 + 3 * 3584 * 18944 + 2 * 3584)
+     + 2 * 152064 * 3584 + 3584, 2 * 28 * 4 * 128 * 2),  # untied: embedding and lm_head
+])
+def test_qwen_counts_by_hand(tmp_path, config, params, kv_tp1):
+    assert params in (1_543_714_304, 7_615_616_512)
+    p = grpo_plan(tmp_path, config, "rollout.tensor_parallel=1")
+    actor = p.models[0]
+    assert actor.role == "actor" and actor.params == params
+    assert p.kv_per_token == kv_tp1  # 1.5B: 28,672 B/token; 7B: 57,344 B/token (bf16 engine)
+    # float32 master weights, FSDP over 8: params 4P/8, grads 4P/8, AdamW m and v 8P/8 bytes per GPU
+    assert part(p.train, "actor params") == 4 * params / 8
+    assert part(p.train, "actor grads") == 4 * params / 8
+    assert part(p.train, "actor AdamW") == 8 * params / 8
+    assert part(p.generation, "actor grads") == 0  # freed after the optimizer step
+    assert grpo_plan(tmp_path, config, "rollout.tensor_parallel=2").kv_per_token == kv_tp1 // 2
+
+
+def test_grpo_fits_on_8_gpus_of_80gb(tmp_path):
+    p = grpo_plan(tmp_path, QWEN25_1P5B)
+    assert p.fits and p.levers == {} and p.error() == ""
+    # micro-batch 8 x (512 + 1024) = 12288 tokens; logits 12288 * 151936 * (2 + 16) bytes dominate
+    assert p.micro_tokens == 12288
+    assert part(p.train, "logits") == 12288 * 151936 * 18
+    assert p.train.total / GB == pytest.approx(38.1, abs=0.1)
+    assert p.generation.total / GB == pytest.approx(34.9, abs=0.1)  # 0.4 * 80 GB engine + trainer state
+    assert p.kv_per_token == 14336  # tp=2: one KV head per rank
+    text = p.render()
+    assert "FSDP over ranks 0-7; 4 rollout group(s) x tp=2: [0,1] [2,3] [4,5] [6,7]" in text
+    assert "reference" in text and "critic    none" in text
+
+
+def test_72b_does_not_fit_and_names_the_levers(tmp_path):
+    p = grpo_plan(tmp_path, SHAPE_72B)
+    assert not p.fits and not p.train.fits and not p.generation.fits
+    message = p.error()
+    assert message.startswith("the TRAIN bar needs") and "the GENERATION bar" in message
+    levers = p.levers["train"]
+    assert 2 <= len(levers) <= 3
+    assert [saved for _, saved, _ in levers] == sorted((saved for _, saved, _ in levers), reverse=True)
+    names = [name for name, _, _ in levers]
+    assert "--nnodes 8" in names and "model.dtype=bfloat16" in names
+    assert all(name in message for name in names)
+
+
+def test_plan_cli_exit_codes(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, str(ROOT / "launch" / "plan.py"), *map(str, args)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+
+    ok = run("recipe=grpo", f"model.path={model_dir(tmp_path, 'q15', QWEN25_1P5B)}", "--nproc-per-node", 8,
+             "--gpu-memory-gb", 80)
+    assert ok.returncode == 0, ok.stderr
+    assert "mesh: world 8" in ok.stdout and "TRAIN bar per GPU" in ok.stdout and "GENERATION bar" in ok.stdout
+    big = run("recipe=grpo", f"model.path={model_dir(tmp_path, 'q72', SHAPE_72B)}", "--nproc-per-node=8",
+              "--gpu-memory-gb=80")
+    assert big.returncode == 1
+    assert big.stdout.strip().splitlines()[-1].startswith("rlcore: does not fit: the TRAIN bar needs")
+    missing = run("recipe=grpo", f"model.path={tmp_path}/nope", "--nproc-per-node", 8, "--gpu-memory-gb", 80)
+    assert missing.returncode == 2
+    assert missing.stderr.strip() == (f"rlcore: error: model.path '{tmp_path}/nope' has no config.json locally or "
+                                      f"in the hub cache; the plan reads model shapes from there (download the "
+                                      f"model, or run the recipe's prepare first)")
+
+
+def test_train_plan_true_prints_and_exits(tmp_path):
+    proc = train_cmd("recipe=demo", "plan=true", f"model.path={model_dir(tmp_path, 'tiny', TINY)}",
+                     f"output_dir={tmp_path}/runs", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("rlcore plan: demo on 1 node(s) x 2") == 1  # rank 0 only
+    assert "mesh: world 2; FSDP over ranks 0-1; 2 rollout group(s) x tp=1: [0] [1]" in proc.stdout
+    assert not (tmp_path / "runs").exists(), "plan=true starts nothing and writes nothing"
+
+
+def test_torchrun_report_names_the_error(tmp_path):
+    proc = train_cmd("recipe=demo", "optim.lr=fast", f"output_dir={tmp_path}", timeout=300)
+    assert rank_exit_codes(proc) == {2}
+    root_cause = proc.stderr.split("Root Cause")[-1]
+    assert "rlcore: error: config key 'optim.lr' expects float, got 'fast'" in root_cause, proc.stderr[-3000:]
