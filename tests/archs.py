@@ -1,0 +1,51 @@
+"""Tiny random models of every architecture the matrix tests (tests/test_archs.py), built locally.
+
+Each is the same small shape in its own family: 2 layers, hidden 128, 4 query heads of head_dim 32 (vLLM's
+CPU attention needs >= 32) over 2 key/value heads, vocab 32 (rlcore.tiny's character tokenizer, so the
+demo's arithmetic prompts and rewards work unchanged). The mixture-of-experts families get 4 experts, 2
+routed per token, so FSDP2 over 2 ranks splits each layer's expert tensors. `tie_word_embeddings` is
+explicit everywhere: both ways are covered (qwen2 and qwen2_tied, and gemma2 always ties).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+SHAPE = dict(vocab_size=32, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+MOE = dict(num_experts_per_tok=2)
+
+
+def config(arch: str):
+    """The transformers config of one tiny architecture (see ARCHS)."""
+    import transformers as t
+
+    head_dim = dict(head_dim=32)  # families whose config derives it (phi3, olmo2) take hidden / heads = 32
+    configs = {
+        "llama": lambda: t.LlamaConfig(**SHAPE, **head_dim, tie_word_embeddings=False),
+        "mistral": lambda: t.MistralConfig(**SHAPE, **head_dim, tie_word_embeddings=False),
+        "qwen2": lambda: t.Qwen2Config(**SHAPE, tie_word_embeddings=False),
+        "qwen2_tied": lambda: t.Qwen2Config(**SHAPE, tie_word_embeddings=True),
+        "qwen3": lambda: t.Qwen3Config(**SHAPE, **head_dim, tie_word_embeddings=False),
+        "gemma2": lambda: t.Gemma2Config(**SHAPE, **head_dim, query_pre_attn_scalar=32, tie_word_embeddings=True),
+        "phi3": lambda: t.Phi3Config(**SHAPE, tie_word_embeddings=False),
+        "olmo2": lambda: t.Olmo2Config(**SHAPE, tie_word_embeddings=False),
+        "mixtral": lambda: t.MixtralConfig(**SHAPE, **head_dim, **MOE, num_local_experts=4, tie_word_embeddings=False),
+        "qwen3_moe": lambda: t.Qwen3MoeConfig(**SHAPE, **head_dim, **MOE, num_experts=4, moe_intermediate_size=64,
+                                              tie_word_embeddings=False),
+    }
+    return configs[arch]()
+
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen2_tied", "qwen3", "gemma2", "phi3", "olmo2", "mixtral", "qwen3_moe"]
+MOE_ARCHS = ["mixtral", "qwen3_moe"]
+
+
+def build(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
+    """A random-init model of `arch` + the tiny tokenizer, saved as a local HF folder."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlcore import tiny
+
+    torch.manual_seed(seed)
+    return tiny._save(AutoModelForCausalLM.from_config(config(arch)), Path(out_dir))
