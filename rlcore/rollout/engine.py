@@ -121,6 +121,23 @@ class RolloutEngine:
         return stats
 
 
+def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
+    """Before anything loads: the engine must be able to serve the model and take rlcore's weight sync."""
+    from vllm import ModelRegistry
+
+    archs = hf_config.architectures or []
+    supported = ModelRegistry.get_supported_archs()
+    unsupported = [a for a in archs if a not in supported]
+    if not archs or unsupported:
+        raise ValueError(f"{field} '{path}' is a {', '.join(unsupported) or hf_config.model_type + ' model'}, "
+                         f"which vLLM cannot serve (not in its model registry)")
+    quant = getattr(hf_config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise ValueError(f"{field} '{path}' is a quantized {archs[0]} ({method}): rlcore trains and syncs "
+                         f"unquantized weights, which a quantized vLLM engine cannot take")
+
+
 def repack_cpu_experts(model: torch.nn.Module) -> int:
     """vLLM 0.32 CPU backend bug, worked around: an in-place reload of an MoE layer skips the CPU experts'
     weight prepacking (`_setup_kernel` runs `fused_experts.process_weights_after_loading` only on the first
