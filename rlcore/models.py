@@ -146,7 +146,15 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bool = False) -> torch.nn.Module:
     """FSDP2: each decoder layer is one all-gather unit, the root holds embeddings, norm and head.
-    Frozen models (reference, reward) may keep their shards in CPU memory between uses (CUDA only)."""
+    Frozen models (reference, reward) may keep their shards in CPU memory between uses (CUDA only).
+
+    Mixture-of-experts: a decoder layer and all of its experts are one unit. transformers 5 keeps a layer's
+    experts as 3-D tensors ([E, 2I, H], [E, H, I]); FSDP2 shards them along the expert dim like any other
+    parameter, so at rest each GPU holds 1/W of every layer's experts, and in forward, backward and the
+    weight sync one whole layer's experts are gathered at a time (Qwen3-30B-A3B: 128 x 3 x 2048 x 768 =
+    0.6B parameters, 1.2 GB in bf16, plus the next layer's when prefetching). Expert parallelism (experts
+    resident on different ranks, tokens routed between them) is out of scope: every rank runs every
+    expert of the layer it has gathered, which costs compute and an all-gather per layer, not memory."""
     mp = None
     if cfg.mixed_precision != "none":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.mixed_precision], reduce_dtype=torch.float32)

@@ -112,7 +112,7 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.cuda:
-            self.llm.apply_model(repack_cpu_experts)
+            self.llm.apply_model(redo_cpu_weight_processing)
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         if self.sleep_mode:
@@ -138,21 +138,25 @@ def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
                          f"unquantized weights, which a quantized vLLM engine cannot take")
 
 
-def repack_cpu_experts(model: torch.nn.Module) -> int:
-    """vLLM 0.32 CPU backend bug, worked around: an in-place reload of an MoE layer skips the CPU experts'
-    weight prepacking (`_setup_kernel` runs `fused_experts.process_weights_after_loading` only on the first
-    load), leaving plain [E, 2I, H] values in tensors the CPU kernel reads as prepacked: logprobs off by
-    ~0.1. Run that same step again on each CPU MoE layer. Returns how many layers it repacked."""
+def redo_cpu_weight_processing(model: torch.nn.Module) -> None:
+    """vLLM 0.32 CPU backend bugs, worked around. An in-place reload processes each layer's new weights for
+    its CPU kernels, except in two cases, which are left holding kernel-side copies of the OLD weights:
+    - MoE experts: `_setup_kernel` runs the experts' prepacking (`fused_experts.process_weights_after_loading`)
+      on the first load only, so plain [E, 2I, H] values land in tensors the kernel reads as prepacked;
+    - a tied LM head (Qwen2 with tie_word_embeddings): it shares the embedding's weight, so it receives no
+      weight of its own, is never re-processed, and its GEMM handle (oneDNN / packed) keeps the old values.
+    Both showed as logprobs off by 0.05-0.8 after a sync. Run that same processing again on those layers
+    (for an untied head it is redundant and harmless)."""
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 
-    repacked = 0
     for module in model.modules():
-        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
-        experts = getattr(kernel, "fused_experts", None)
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
         if isinstance(experts, CPUUnquantizedExperts):
             experts.process_weights_after_loading(module)
-            repacked += 1
-    return repacked
+        elif isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
 
 
 def remove_stale_cpu_shm() -> None:
