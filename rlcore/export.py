@@ -8,8 +8,8 @@ Written during a run (train.export_every, and at the end) from the live FSDP2 mo
 gathered at a time, or afterwards from any checkpoint by launch/convert.py; both give the same bytes.
 Weights are in checkpoint format, as `save_pretrained` writes them (rlcore/weights.py: e.g. an MoE
 layer's fused experts split back into one tensor per expert). Tensors keep the master dtype
-(model.dtype); config.json is the original model's. The folder is
-written beside itself under a temporary name and renamed when whole.
+(model.dtype); config.json is the original model's. The folder is written beside itself under a
+temporary name and renamed when whole.
 """
 from __future__ import annotations
 
@@ -86,7 +86,8 @@ def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer) -> 
     """Collective: the trained model as an HF folder at `out` (written by rank 0)."""
     error = None
     try:
-        write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path, writer=dist.get_rank() == 0)
+        write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path,
+                 writer=dist.get_rank() == 0)
     except Exception as e:  # OSError, or the safetensors writer's own error type
         error = f"cannot write HF export {out}: {e}"
     checkpoint._agree(error)

@@ -153,8 +153,9 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bo
     parameter, so at rest each GPU holds 1/W of every layer's experts, and in forward, backward and the
     weight sync one whole layer's experts are gathered at a time (Qwen3-30B-A3B: 128 x 3 x 2048 x 768 =
     0.6B parameters, 1.2 GB in bf16, plus the next layer's when prefetching). Expert parallelism (experts
-    resident on different ranks, tokens routed between them) is out of scope: every rank runs every
-    expert of the layer it has gathered, which costs compute and an all-gather per layer, not memory."""
+    resident on different ranks, tokens routed between them) is out of scope: each rank runs its own
+    tokens through the whole gathered layer, paying an all-gather of every expert per layer instead of
+    EP's all-to-all of tokens."""
     mp = None
     if cfg.mixed_precision != "none":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.mixed_precision], reduce_dtype=torch.float32)

@@ -23,8 +23,8 @@ from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.rollout.engine import check_architecture
 from rlcore.rollout.collect import collect, evaluate
+from rlcore.rollout.engine import check_architecture
 
 
 class Preempted(RunError):

@@ -62,13 +62,15 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None)
 
     master=False (the weight sync): `unshard()` all-gathers a unit in one collective, in the compute dtype
     under mixed precision, and `reshard()` frees it before the next. master=True (the HF export): each
-    parameter's full master-dtype tensor, on CPU. Tensors are copies: vLLM may hold one until its layer is
-    complete (padded vocab layers wait until the end) while the gathered storage is freed. `stats`, if
-    given (rlcore.rollout.SyncStats), counts bytes and the largest unit."""
+    parameter's full master-dtype tensor, on CPU. Sync tensors are copies: vLLM may hold one until its layer
+    is complete (padded vocab layers wait until the end) while the gathered storage is freed. Converting a
+    unit (e.g. splitting fused experts) may briefly hold a second copy of it. `stats`, if given
+    (rlcore.rollout.SyncStats), counts bytes and the largest unit."""
     for unit in units(model):
         fsdp = isinstance(unit.module, FSDPModule)
         if master:
-            tensors = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
+            # One parameter on the device at a time; the unit accumulates in CPU memory.
+            tensors = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
                        for n, p in unit.tensors().items()}
         else:
             if fsdp:
@@ -83,15 +85,15 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None)
         yield from to_checkpoint_format(model, tensors).items()
 
 
-_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+_LAYER = re.compile(r"^(.*\.layers\.(\d+))\.")
 
 
 def by_layer(state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
-    """A full in-memory state dict split as the FSDP2 units split it (one dict per decoder layer, then the
-    rest), so that a saved checkpoint converts unit by unit exactly as the live model does."""
-    groups: dict[str, dict[str, torch.Tensor]] = {}
+    """A full in-memory state dict split and ordered as `units` splits a live model (the root with what no
+    layer owns, then each decoder layer in order), so a saved checkpoint converts, and shards into files,
+    exactly as the live model exports."""
+    groups: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, tensor in state.items():
         m = _LAYER.match(name)
-        groups.setdefault(m.group(1) if m else "", {})[name] = tensor
-    root = groups.pop("", {})
-    return [*groups.values(), root]
+        groups.setdefault((int(m.group(2)), m.group(1)) if m else (-1, ""), {})[name] = tensor
+    return [groups[key] for key in sorted(groups)]

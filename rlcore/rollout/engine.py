@@ -17,6 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -176,4 +177,3 @@ def remove_stale_cpu_shm() -> None:
         for path in stale:
             path.unlink(missing_ok=True)
     dist.barrier()
-
