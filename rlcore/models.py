@@ -96,7 +96,7 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
     hf_logging.disable_progress_bar()
     model_class = own_class(AutoModelForCausalLM, AutoConfig.from_pretrained(cfg.path))
     model = model_class.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype],
-                                                 attn_implementation=cfg.attn_implementation)
+                                        attn_implementation=cfg.attn_implementation)
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -118,7 +118,7 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
     hf_logging.set_verbosity_error()  # the LM head is dropped and the value head is new: expected
     model_class = own_class(AutoModelForTokenClassification, config)
     model = model_class.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
-                                 attn_implementation=cfg.attn_implementation)
+                                        attn_implementation=cfg.attn_implementation)
     hf_logging.set_verbosity(verbosity)
     if critic.path == "policy" or "ForTokenClassification" not in str(model.config.architectures):
         torch.nn.init.zeros_(model.score.weight)
@@ -134,8 +134,7 @@ def load_reward_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     model_class = own_class(AutoModelForSequenceClassification, AutoConfig.from_pretrained(path))
-    model = model_class.from_pretrained(path, dtype=DTYPES[cfg.dtype],
-                                                               attn_implementation=cfg.attn_implementation)
+    model = model_class.from_pretrained(path, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation)
     model.config.use_cache = False
     return model.eval().requires_grad_(False)
 
