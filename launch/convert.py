@@ -27,7 +27,7 @@ def convert(ckpt: Path, out: Path, model: str = "policy") -> None:
     config = json.loads((ckpt / "model_files" / "config.json").read_text())
     if config.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)  # one tensor under the embedding's name, as trained
-    export.write_hf(out, weights.items(), ckpt / "model_files")
+    export.write_hf(out, export.checkpoint_format(weights, ckpt / "model_files"), ckpt / "model_files")
 
 
 def main(argv: list[str]) -> int:

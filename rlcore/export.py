@@ -4,10 +4,12 @@
         model.safetensors             (or model-0000i-of-0000n.safetensors + model.safetensors.index.json)
         config.json, generation_config.json, tokenizer files
 
-Written during a run (train.export_every, and at the end) from the live FSDP2 model, one parameter
+Written during a run (train.export_every, and at the end) from the live FSDP2 model, one FSDP2 unit
 gathered at a time, or afterwards from any checkpoint by launch/convert.py; both give the same bytes.
-Tensors keep the master dtype (model.dtype); config.json is the original model's. The folder is
-written beside itself under a temporary name and renamed when whole.
+Weights are in checkpoint format, as `save_pretrained` writes them (rlcore/weights.py: e.g. an MoE
+layer's fused experts split back into one tensor per expert). Tensors keep the master dtype
+(model.dtype); config.json is the original model's. The folder is written beside itself under a
+temporary name and renamed when whole.
 """
 from __future__ import annotations
 
@@ -16,22 +18,14 @@ import os
 import shutil
 import warnings
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor
 
 from rlcore import checkpoint
-
-
-def full_parameters(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, full CPU tensor) per parameter, in the master dtype; a collective on every rank.
-    One parameter is gathered at a time; tied weights appear once, as in an HF checkpoint."""
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if isinstance(p, DTensor) else p
-        yield name, full.detach().cpu()
+from rlcore.weights import by_layer, checkpoint_weights, to_checkpoint_format
 
 
 def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files: Path | None, tokenizer=None,
@@ -92,7 +86,8 @@ def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer) -> 
     """Collective: the trained model as an HF folder at `out` (written by rank 0)."""
     error = None
     try:
-        write_hf(out, full_parameters(model), None, tokenizer, model_path, writer=dist.get_rank() == 0)
+        write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path,
+                 writer=dist.get_rank() == 0)
     except Exception as e:  # OSError, or the safetensors writer's own error type
         error = f"cannot write HF export {out}: {e}"
     checkpoint._agree(error)
@@ -113,3 +108,14 @@ def read_model(path: Path, name: str = "policy") -> dict[str, torch.Tensor]:
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=path, no_dist=True)
     return {k[len(prefix):]: v for k, v in state.items()}
+
+
+def checkpoint_format(state: dict[str, torch.Tensor], config_dir: Path) -> Iterable[tuple[str, torch.Tensor]]:
+    """A checkpoint's in-memory state dict -> checkpoint format, as the live export converts it (layer by
+    layer). transformers' reversal needs the model's modules, not its weights: built on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(config_dir))
+    for group in by_layer(state):
+        yield from to_checkpoint_format(model, group).items()

@@ -10,6 +10,7 @@ from outside, one `fully_shard` per decoder layer plus the root, the same for al
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 
@@ -32,6 +33,13 @@ def check_model(path: str, field: str = "model.path"):
     if hf_config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(f"{field} '{path}' is a '{hf_config.model_type}' model, not a causal LM "
                          f"(e.g. qwen2, qwen3, llama)")
+    # A qwen2 reward model (Qwen2ForSequenceClassification) has a causal LM's model type, but loading it as
+    # one would drop its head and start a new, random LM head.
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    other = [a for a in hf_config.architectures or [] if a not in causal]
+    if other:
+        raise ValueError(f"{field} '{path}' is a {', '.join(other)}, which transformers cannot build as a causal "
+                         f"LM (a *ForCausalLM, e.g. {MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[hf_config.model_type]})")
     return hf_config
 
 
@@ -64,13 +72,31 @@ def _read_config(path: str, field: str):
         raise ValueError(f"{field} '{path}' is not a loadable transformers model: {first}") from None
 
 
+def own_class(auto_class, config):
+    """The transformers class `auto_class` picks for `config`, from a private copy of its modeling module.
+
+    vLLM serves some architectures (OLMo 2 here; its registry's "transformers" entries) through its
+    Transformers backend, which changes transformers' decoder class in place: it adds a torch.compile
+    wrapper base and replaces __init__. A trainer model built after the engine then fails in __init__,
+    and one built before it fails in forward (the wrapper needs vLLM's config). With its own copy of
+    the module the trainer's classes are not the ones vLLM changes, so the load order does not matter."""
+    shared = auto_class._model_mapping[type(config)]
+    spec = importlib.util.find_spec(shared.__module__)
+    if spec is None or not shared.__module__.startswith("transformers.models."):
+        return shared  # not a transformers built-in: nothing of vLLM's touches it
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, shared.__name__)
+
+
 def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype],
-                                                 attn_implementation=cfg.attn_implementation)
+    model_class = own_class(AutoModelForCausalLM, AutoConfig.from_pretrained(cfg.path))
+    model = model_class.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype],
+                                        attn_implementation=cfg.attn_implementation)
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -90,8 +116,9 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
     config.classifier_dropout = 0.0  # dropout would make V differ between the rollout pass and the update
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the LM head is dropped and the value head is new: expected
-    model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
-                                                            attn_implementation=cfg.attn_implementation)
+    model_class = own_class(AutoModelForTokenClassification, config)
+    model = model_class.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
+                                        attn_implementation=cfg.attn_implementation)
     hf_logging.set_verbosity(verbosity)
     if critic.path == "policy" or "ForTokenClassification" not in str(model.config.architectures):
         torch.nn.init.zeros_(model.score.weight)
@@ -104,10 +131,10 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
 
 
 def load_reward_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
-    from transformers import AutoModelForSequenceClassification
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[cfg.dtype],
-                                                               attn_implementation=cfg.attn_implementation)
+    model_class = own_class(AutoModelForSequenceClassification, AutoConfig.from_pretrained(path))
+    model = model_class.from_pretrained(path, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation)
     model.config.use_cache = False
     return model.eval().requires_grad_(False)
 
@@ -118,7 +145,16 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bool = False) -> torch.nn.Module:
     """FSDP2: each decoder layer is one all-gather unit, the root holds embeddings, norm and head.
-    Frozen models (reference, reward) may keep their shards in CPU memory between uses (CUDA only)."""
+    Frozen models (reference, reward) may keep their shards in CPU memory between uses (CUDA only).
+
+    Mixture-of-experts: a decoder layer and all of its experts are one unit. transformers 5 keeps a layer's
+    experts as 3-D tensors ([E, 2I, H], [E, H, I]); FSDP2 shards them along the expert dim like any other
+    parameter, so at rest each GPU holds 1/W of every layer's experts, and in forward, backward and the
+    weight sync one whole layer's experts are gathered at a time (Qwen3-30B-A3B: 128 x 3 x 2048 x 768 =
+    0.6B parameters, 1.2 GB in bf16, plus the next layer's when prefetching). Expert parallelism (experts
+    resident on different ranks, tokens routed between them) is out of scope: each rank runs its own
+    tokens through the whole gathered layer, paying an all-gather of every expert per layer instead of
+    EP's all-to-all of tokens."""
     mp = None
     if cfg.mixed_precision != "none":
         mp = MixedPrecisionPolicy(param_dtype=DTYPES[cfg.mixed_precision], reduce_dtype=torch.float32)

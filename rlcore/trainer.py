@@ -25,6 +25,7 @@ from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
 from rlcore.rollout.collect import collect, evaluate, make_envs, model_budget
+from rlcore.rollout.engine import check_architecture
 from rlcore.rollout.turns import Envs
 
 
@@ -79,6 +80,7 @@ def setup(cfg: Config) -> Run:
             getattr(importlib.import_module(module), fn)(cfg)
         dist.barrier()
     hf_config = models.check_model(cfg.model.path)
+    check_architecture(cfg.model.path, hf_config)
     for i, spec in enumerate(cfg.rewards):
         if spec.model:
             models.check_reward_model(spec.model, f"rewards[{i}].model")

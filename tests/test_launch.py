@@ -71,6 +71,29 @@ def test_model_that_is_not_a_causal_lm(tmp_path):
     assert "is a 't5' model, not a causal LM" in error_line(proc)
 
 
+@pytest.mark.parametrize("kind, expected", [
+    ("biogpt", "is a BioGptForCausalLM, which vLLM cannot serve (not in its model registry)"),
+    ("quantized", "is a quantized Qwen2ForCausalLM (fp8): rlcore trains and syncs unquantized weights"),
+    ("classifier", "is a Qwen2ForSequenceClassification, which transformers cannot build as a causal LM"),
+])
+def test_model_rlcore_cannot_train(kind, expected, tmp_path):
+    """A transformers causal LM vLLM does not serve, a quantized checkpoint (the engine would expect quantized
+    tensors, which the sync does not produce), and a qwen2-typed model that is not a causal LM: each stops
+    before anything loads, naming model.path and the architecture."""
+    from transformers import BioGptConfig, Qwen2Config
+
+    tiny = dict(vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    config = {"biogpt": BioGptConfig(**tiny, architectures=["BioGptForCausalLM"]),
+              "quantized": Qwen2Config(**tiny, architectures=["Qwen2ForCausalLM"],
+                                       quantization_config={"quant_method": "fp8", "activation_scheme": "dynamic"}),
+              "classifier": Qwen2Config(**tiny, architectures=["Qwen2ForSequenceClassification"])}[kind]
+    config.save_pretrained(tmp_path / kind)
+    proc = python_train("recipe=demo", "prepare=", f"model.path={tmp_path / kind}", tmp_path=tmp_path / "runs")
+    assert proc.returncode == 2
+    assert f"model.path '{tmp_path / kind}' {expected}" in error_line(proc)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_generation_longer_than_context(tmp_path):
     proc = python_train("recipe=demo", "rollout.max_new_tokens=100", tmp_path=tmp_path)
     assert proc.returncode == 2

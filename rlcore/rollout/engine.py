@@ -5,8 +5,9 @@ tensor parallelism k (vLLM's external launcher: in-process, no Ray, no extra pro
 of a block pass identical prompts, sampling parameters and seeds, and get identical outputs.
 
 Weight sync (after every optimizer step): for each FSDP2 unit (one decoder layer, then the root
-with embeddings, final norm and head) all-gather the unit's shards, stream its tensors under their
-HF checkpoint names into vLLM's in-place `reload_weights`, and release them before the next unit.
+with embeddings, final norm and head) all-gather the unit's shards, stream its tensors in HF checkpoint
+format (names, layouts and splits as `save_pretrained` writes them: rlcore/weights.py) into vLLM's
+in-place `reload_weights`, and release them before the next unit.
 Each engine rank cuts its own tensor-parallel slice. Peak extra memory: one unit, never the model.
 """
 from __future__ import annotations
@@ -16,13 +17,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 
 from rlcore.config import Config
+from rlcore.weights import checkpoint_weights
 
 # vLLM logs every request batch at INFO; a training run wants its own progress lines.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -118,15 +118,55 @@ class RolloutEngine:
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
         stats = SyncStats(0.0, 0, 0)
-        weights = stream_full_weights(model, stats)
+        weights = checkpoint_weights(model, stats=stats)
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if not self.cuda:
+            self.llm.apply_model(redo_cpu_weight_processing)
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
         stats.seconds = time.perf_counter() - t0
         return stats
+
+
+def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
+    """Before anything loads: the engine must be able to serve the model and take rlcore's weight sync."""
+    from vllm import ModelRegistry
+
+    archs = hf_config.architectures or []
+    supported = ModelRegistry.get_supported_archs()
+    unsupported = [a for a in archs if a not in supported]
+    if not archs or unsupported:
+        raise ValueError(f"{field} '{path}' is a {', '.join(unsupported) or hf_config.model_type + ' model'}, "
+                         f"which vLLM cannot serve (not in its model registry)")
+    quant = getattr(hf_config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise ValueError(f"{field} '{path}' is a quantized {archs[0]} ({method}): rlcore trains and syncs "
+                         f"unquantized weights, which a quantized vLLM engine cannot take")
+
+
+def redo_cpu_weight_processing(model: torch.nn.Module) -> None:
+    """vLLM 0.32 CPU backend bugs, worked around. An in-place reload processes each layer's new weights for
+    its CPU kernels, except in two cases, which are left holding kernel-side copies of the OLD weights:
+    - MoE experts: `_setup_kernel` runs the experts' prepacking (`fused_experts.process_weights_after_loading`)
+      on the first load only, so plain [E, 2I, H] values land in tensors the kernel reads as prepacked;
+    - a tied LM head (Qwen2 with tie_word_embeddings): it shares the embedding's weight, so it receives no
+      weight of its own, is never re-processed, and its GEMM handle (oneDNN / packed) keeps the old values.
+    Both showed as logprobs off by 0.05-0.8 after a sync. Run that same processing again on those layers
+    (for an untied head it is redundant and harmless)."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+        elif isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
 
 
 def remove_stale_cpu_shm() -> None:
@@ -146,27 +186,3 @@ def remove_stale_cpu_shm() -> None:
         for path in stale:
             path.unlink(missing_ok=True)
     dist.barrier()
-
-
-def stream_full_weights(model: torch.nn.Module, stats: SyncStats | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, full tensor) one FSDP2 unit at a time; a collective, so every rank iterates it.
-
-    `unshard()` all-gathers a unit's parameters in one collective (in the compute dtype under mixed
-    precision); `reshard()` frees them before the next unit is gathered."""
-    units = [(name, m) for name, m in model.named_modules() if isinstance(m, FSDPModule)]
-    child_prefixes = tuple(f"{name}." for name, _ in units if name)
-    for name, unit in units:
-        unit.unshard()
-        bucket = 0
-        for pname, p in unit.named_parameters():
-            full_name = f"{name}.{pname}" if name else pname
-            if not name and full_name.startswith(child_prefixes):
-                continue  # belongs to a nested unit, streamed with it
-            bucket += p.numel() * p.element_size()
-            # A copy: vLLM may hold a tensor until its layer is complete (padded vocab layers wait
-            # until the end), while reshard() below frees the gathered storage.
-            yield full_name, p.detach().clone()
-        if stats is not None:
-            stats.bytes += bucket
-            stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, bucket)
-        unit.reshard()

@@ -1,9 +1,10 @@
 """torchrun worker: is the in-place weight sync exact? (tests/test_weight_sync.py)
 
-    torchrun --nproc-per-node 2 tests/workers/sync_worker.py MODEL_DIR TP OUT_JSON
+    torchrun --nproc-per-node 2 tests/workers/sync_worker.py MODEL_DIR TP OUT_JSON [policy-first]
 
 Takes one real optimizer step that moves every weight, then scores fixed sequences with the engine
-before the sync (stale: must differ) and after it (must equal the trainer's logprobs).
+before the sync (stale: must differ) and after it (must equal the trainer's logprobs). The trainer's
+model is built after the engine, as rlcore.trainer does, or before it with `policy-first`.
 """
 import json
 import sys
@@ -17,20 +18,26 @@ from rlcore.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.rollout import RolloutEngine
 
 model_dir, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+policy_first = sys.argv[4:] == ["policy-first"]
 init_distributed()
 cfg = Config(model=ModelConfig(path=model_dir), rollout=RolloutConfig(tensor_parallel=tp, cpu_kv_cache_gb=0.25),
              optim=OptimConfig(lr=3e-2))
 dims = ParallelDims(dist.get_world_size(), tp)
 fsdp_mesh, _ = build_meshes(dims)
+if policy_first:
+    policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
 engine = RolloutEngine(cfg, max_model_len=64)
-policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
+if not policy_first:
+    policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
 optimizer, _ = models.build_optimizer(policy, cfg.optim, total_steps=1)
 
 g = torch.Generator().manual_seed(1 + dist.get_rank())
 ids = torch.randint(3, 20, (4, 12), generator=g)
 loss = -models.token_logprobs(policy, ids, torch.ones_like(ids), 1.0).mean()
 loss.backward()
+before = {n: p.full_tensor().clone() for n, p in policy.named_parameters()}
 optimizer.step()
+unchanged = [n for n, p in policy.named_parameters() if torch.equal(p.full_tensor(), before[n])]
 
 seqs = torch.randint(3, 20, (3, 16), generator=torch.Generator().manual_seed(7))  # same on every rank
 with torch.no_grad():
@@ -40,6 +47,7 @@ stats = engine.sync_weights(policy)
 synced = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
 unit_bytes = [sum(p.numel() * 4 for p in layer.parameters()) for layer in models.decoder_layers(policy)]
 result = {
+    "unchanged_parameters": unchanged,
     "stale_max_diff": (stale - trainer).abs().max().item(),
     "synced_max_diff": (synced - trainer).abs().max().item(),
     "bytes": stats.bytes,
