@@ -5,6 +5,7 @@ index, not by rank. Other columns (e.g. `answer`) travel with each prompt to the
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -21,6 +22,21 @@ datasets.disable_progress_bars()
 # torchdata 0.11 calls a deprecated torch hook on every loader start; nothing for a user to act on.
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def load_tokenizer(path: str):
+    """The model's tokenizer, as saved. transformers 5's AutoTokenizer substitutes the model type's own class
+    for a tokenizer saved as a plain `tokenizers` file (tokenizer_class TokenizersBackend): a qwen2 config
+    then gets Qwen2Tokenizer, whose byte-level pre-tokenizer silently drops the characters of a
+    character-level vocabulary such as rlcore.tiny's spaces (" 47=" -> "47="), so environment text with
+    spaces would reach the model changed. Such a file is loaded with the generic class that wrote it."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    saved = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    if saved in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path)
 
 
 def load_table(path: str, split: str, name: str, field: str) -> datasets.Dataset:

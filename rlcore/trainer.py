@@ -20,7 +20,7 @@ import torch.distributed as dist
 from rlcore import checkpoint, export, models, rewards, update
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.config import Config, validate
-from rlcore.data import PromptStream, load_table, tokenize_prompts
+from rlcore.data import PromptStream, load_table, load_tokenizer, tokenize_prompts
 from rlcore.metrics import RunLogger, peak_memory_gb
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
@@ -96,8 +96,7 @@ def setup(cfg: Config) -> Run:
         raise ValueError(f"data.max_prompt_tokens + rollout.{which} = {cfg.data.max_prompt_tokens + after} does "
                          f"not fit the engine context (rollout.max_model_len={max_model_len}, model max {context})")
 
-    from transformers import AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards if not spec.model]
     table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
                              cfg.data, tokenizer, "data.path")
@@ -129,7 +128,7 @@ def setup(cfg: Config) -> Run:
                                                                     total_optimizer_steps(cfg))
     reward_models = [(rewards.RewardModel(spec.model, models.shard(models.load_reward_model(spec.model, cfg.model),
                                                            fsdp_mesh, cfg.model, frozen=True),
-                                  AutoTokenizer.from_pretrained(spec.model)), spec.weight)
+                                  load_tokenizer(spec.model)), spec.weight)
                      for spec in cfg.rewards if spec.model]
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from))
     logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}, FSDP over "

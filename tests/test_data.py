@@ -62,3 +62,13 @@ def test_groups_get_disjoint_prompts_and_epochs_reshuffle(jsonl):
     assert epoch1 != epoch0[0] and streams[0].epoch == 1
     with pytest.raises(ValueError, match="fewer than one step needs"):
         PromptStream(table, batch_size=20, groups=2, group=0, seed=0)
+
+
+def test_the_tiny_tokenizer_loads_as_saved(tmp_path):
+    """A character-level tokenizer saved beside a qwen2 config keeps its spaces (AutoTokenizer alone would
+    swap in Qwen2Tokenizer, which drops them): environment text is encoded as the model was taught."""
+    from rlcore import tiny
+    from rlcore.data import load_tokenizer
+    tokenizer = load_tokenizer(str(tiny.build_random_model(tmp_path / "m")))
+    assert tokenizer(" 47= ").input_ids == [1, 19, 8, 11, 17, 19]
+    assert tokenizer.decode([8, 11, 19, 2], skip_special_tokens=True) == "47 "
