@@ -96,10 +96,11 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
     max_total = run.cfg.rollout.max_total_tokens or max_new_tokens
     stats = rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, group_size, temperature,
                     run.tp_rank, run.tp_group)
-    failed = next((x for x in trajs if x.error), None)
-    agree(None if failed is None else
-          f"environment '{run.envs.spec}' failed on sample {trajs.index(failed) % group_size} of prompt "
-          f"{failed.row[run.cfg.data.prompt_column]!r}, {failed.error}")
+    if run.envs.factory is not None:  # only an environment can fail here: no collective without one
+        failed = next((x for x in trajs if x.error), None)
+        agree(None if failed is None else
+              f"environment '{run.envs.spec}' failed on sample {trajs.index(failed) % group_size} of prompt "
+              f"{failed.row[run.cfg.data.prompt_column]!r}, {failed.error}")
     return [x for x in trajs if x.owner == run.tp_rank], stats
 
 
