@@ -66,3 +66,5 @@ for agg in AGG_MODES:
     result[f"{agg}/grad_scale"] = reference.lm_head.weight.grad.abs().max().item()
 if rank == 0:
     json.dump(result, open(out, "w"))
+dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts on a vanished peer)
+dist.destroy_process_group()
