@@ -228,15 +228,15 @@ def build(out_dir: Path) -> dict:
     return meta
 
 
-def prepare(cfg=None) -> None:
-    """Build the cache once. `cfg` (the run's Config, passed by the prepare hook) is unused: the assets
-    depend only on VERSION. A crash leaves no half-built cache; of two concurrent builders, the first to
-    finish wins and the other discards its copy."""
-    target = cache_dir() / VERSION
+def prepare_cached(version: str, build) -> Path:
+    """Build cache_dir()/version once with `build(folder)`, atomically: a crash leaves no half-built cache;
+    of two concurrent builders the first to finish wins and the other discards its copy. Returns the folder.
+    (rlcore.tasks builds its warm starts through this too.)"""
+    target = cache_dir() / version
     if (target / "meta.json").exists():
-        return
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{VERSION}.tmp-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=target.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared folder
         build(tmp)
@@ -247,6 +247,13 @@ def prepare(cfg=None) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def prepare(cfg=None) -> None:
+    """Build the cache once. `cfg` (the run's Config, passed by the prepare hook) is unused: the assets
+    depend only on VERSION."""
+    prepare_cached(VERSION, build)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
 Each task module holds its environment, its data files, its warm start (a short SFT that teaches the format
 and leaves headroom for RL), a cached atomic `prepare(cfg=None)` and a greedy evaluator. This file holds what
 they share: the SFT encoding of multi-turn sequences (an interleaved loss mask), a multi-turn rollout on the
-HF model (to check a warm start without vLLM, and to measure an exported model), and the atomic cache.
+HF model (to check a warm start without vLLM, and to measure an exported model). Both cache their builds
+with rlcore.tiny.prepare_cached.
 
 The HF rollout follows the ending rule of rlcore.rollout.turns: a turn ends at EOS, at one of the env's stop
 tokens or at its cap (max_new_tokens, or less where the token budget is nearly spent); a turn cut by its cap
@@ -16,17 +17,13 @@ the observation would leave no room for one more model token (it is dropped). It
 """
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from rlcore.rollout.env import Step
-from rlcore.tiny import cache_dir
+
 
 
 def encode_segments(tokenizer, rows: list[list[tuple[str, float]]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,24 +117,3 @@ def play(model, tokenizer, rows: list[dict], make_env: Callable[[dict], Any], ma
 
 def encode_obs(tokenizer, obs) -> list[int]:
     return list(obs) if isinstance(obs, list) else tokenizer(obs, add_special_tokens=False).input_ids
-
-
-def prepare_cached(version: str, build: Callable[[Path], dict]) -> Path:
-    """Build cache_dir()/version once with `build(folder)`, atomically (as rlcore.tiny.prepare): a crash
-    leaves no half-built cache; of two concurrent builders the first to finish wins. Returns the folder."""
-    target = cache_dir() / version
-    if (target / "meta.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=target.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared folder
-        build(tmp)
-        try:
-            os.rename(tmp, target)  # atomic; fails if another builder's complete folder got there first
-        except OSError:
-            if not (target / "meta.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target

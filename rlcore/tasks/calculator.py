@@ -33,8 +33,8 @@ from rlcore import tiny
 from rlcore.algorithms.sft import sft_loss
 from rlcore.rewards import arithmetic_exact
 from rlcore.rollout.env import Env, Step
-from rlcore.tasks import encode_segments, play, prepare_cached
-from rlcore.tiny import cache_dir, carries, sample_problem, sloppy_answer
+from rlcore.tasks import encode_segments, play
+from rlcore.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
 
 VERSION = f"calculator-v1-{tiny.VERSION}"  # bump when anything below (or rlcore.tiny) changes the build
 SEED = 0
