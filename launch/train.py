@@ -35,8 +35,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
+import torch.distributed as dist  # noqa: E402
+
 from rlcore import plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
+from rlcore.preflight import InputError  # noqa: E402
 from rlcore.trainer import Preempted, RunError, train  # noqa: E402
 
 EXIT_BAD_INPUT = 2  # configuration, model, data, reward setup or resume checkpoint is invalid
@@ -46,10 +49,10 @@ EXIT_PREEMPTED = 75  # a signal stopped the run after a checkpoint: requeue with
 
 def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
-    code = 0
+    code, together = 0, False
     try:
         cfg = parse_argv(argv, ROOT / "recipes")
-        if cfg.plan:
+        if cfg.plan.show:
             show_plan(cfg, rank)
         else:
             train(cfg)
@@ -57,12 +60,18 @@ def main(argv: list[str]) -> int:
         if os.environ.get("RLCORE_DEBUG"):
             traceback.print_exc()
         line = f"rlcore: {'stopped' if isinstance(e, Preempted) else 'error'}: {e}"
-        # Every rank raised the same error together; one of them says it.
-        if rank == 0:
+        # An error every rank raised together (agreed in a collective, or found before the ranks connect) is
+        # said once, by rank 0; one only this rank saw is said by it.
+        together = isinstance(e, (RunError, InputError))  # raised by every rank at the same point
+        if rank == 0 or not (together or not dist.is_initialized()):
             print(line, file=sys.stderr, flush=True)
         record_error(line)
         code = (EXIT_PREEMPTED if isinstance(e, Preempted) else
                 EXIT_RUN_STOPPED if isinstance(e, RunError) else EXIT_BAD_INPUT)
+    if dist.is_initialized() and (code == 0 or together):
+        # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections.
+        dist.barrier()
+        dist.destroy_process_group()
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")
     if status and os.environ.get("LOCAL_RANK", "0") == "0":
         Path(status).write_text(f"{code}\n")

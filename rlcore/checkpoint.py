@@ -37,8 +37,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
-VOLATILE = ("resume", "plan", "name", "output_dir", "train.steps", "train.save_every", "train.keep_checkpoints",
-            "train.export_every", "train.eval_every", "train.log_every", "train.max_skipped_steps")
+VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
+            "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
+            "train.log_every", "train.max_skipped_steps")
 
 
 class SaveError(RuntimeError):

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any, Literal, Union
 
 from rlcore.config import Config
+from rlcore.errors import describe
 
 _NONE = ("none", "null")
 _BOOLS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
@@ -78,12 +79,15 @@ def load_recipe(spec: str, recipes_dir: str | Path) -> Config:
     sys.modules[module_name] = module
     try:
         spec_.loader.exec_module(module)
-    except Exception:
+    except Exception as e:  # the user's recipe failed to run: name the file and the cause
         del sys.modules[module_name]
-        raise
+        raise ConfigError(f"recipe {str(path)!r} failed to run: {describe(e)}") from e
     if not callable(getattr(module, "config", None)):
         raise ConfigError(f"recipe {str(path)!r} defines no config() function returning a Config")
-    cfg = module.config()
+    try:
+        cfg = module.config()
+    except Exception as e:
+        raise ConfigError(f"recipe {str(path)!r}: config() raised {describe(e)}") from e
     if not dataclasses.is_dataclass(cfg) or isinstance(cfg, type):
         raise ConfigError(f"config() in {str(path)!r} must return a dataclass instance such as "
                           f"rlcore.config.Config, got {type(cfg).__name__}")
@@ -177,6 +181,8 @@ def apply_override(cfg: Any, override: str) -> None:
         obj = _child(obj, part, path)
         path = f"{path}.{part}" if path else part
     current = _child(obj, leaf, path)
+    if _is_section(current) and getattr(current, "SHORTHAND", ""):  # plan=true is plan.show=true
+        return apply_override(cfg, f"{key}.{current.SHORTHAND}={text}")
     if _is_section(current):
         subkeys = ", ".join(f"{key}.{f.name}" for f in dataclasses.fields(current))
         raise ConfigError(f"config key {key!r} is a section, not a value; set one of: {subkeys}")

@@ -5,8 +5,10 @@ applied to it by rlcore.cli, by the runtime type of each field.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 
 @dataclass
@@ -97,13 +99,29 @@ class RewardSpec:
 
 
 @dataclass
+class PlanConfig:
+    """The launch plan (rlcore/plan.py). `plan=true` on the command line is short for `plan.show=true`."""
+    SHORTHAND: ClassVar[str] = "show"
+    show: bool = False  # print the plan (mesh, models, per-GPU memory) on rank 0 and exit, starting nothing
+    strict: bool = True  # at launch, stop a run whose plan does not fit the memory; false = warn and go on
+
+
+@dataclass
+class LoggingConfig:
+    """TensorBoard (runs/<name>/tb) and metrics.jsonl always; Weights & Biases on request."""
+    wandb: bool = False  # mirror every logged key and the config to wandb (pip install 'rlcore[wandb]')
+    wandb_project: str = "rlcore"  # wandb project; the run is named after `name` (WANDB_MODE=offline works)
+
+
+@dataclass
 class Config:
     name: str = "run"  # run name: outputs go to <output_dir>/<name>/
     output_dir: str = "runs"  # parent folder of run directories
     seed: int = 0  # run seed: model init, data order and every rollout seed derive from it
     resume: str = ""  # "" fresh; "auto" newest complete checkpoint of this run (fresh if none); or a step_<N> dir
     prepare: str = ""  # optional "module:function" run once on rank 0 before loading (builds local assets)
-    plan: bool = False  # print the launch plan (mesh, models, per-GPU memory: rlcore/plan.py) on rank 0 and exit
+    plan: PlanConfig = field(default_factory=PlanConfig)  # launch plan: plan=true prints it; plan.strict
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -130,6 +148,7 @@ def validate(cfg: Config, dims) -> None:
     if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not cfg.rollout.env:
         raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
                          "correctness) or an environment; set data.eval_path= to turn eval off")
+    check_values(cfg)
     r, t = cfg.rollout, cfg.train
     if r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
@@ -137,17 +156,76 @@ def validate(cfg: Config, dims) -> None:
     rows = r.prompts_per_step // dims.world_size * r.group_size
     if rows % t.mini_batches:
         raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
-    for name, value in (("train.steps", t.steps), ("train.micro_batch_size", t.micro_batch_size),
-                        ("rollout.max_new_tokens", r.max_new_tokens), ("train.eval_every", t.eval_every),
-                        ("train.keep_checkpoints", t.keep_checkpoints), ("train.max_skipped_steps",
-                                                                         t.max_skipped_steps)):
-        if value < 1:
-            raise ValueError(f"{name} must be >= 1 (got {value})")
-    if r.temperature <= 0:
-        raise ValueError(f"rollout.temperature must be > 0 for training samples (got {r.temperature})")
-    for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
+
+
+def _at_least(low):
+    return lambda v: v >= low, f">= {low}"
+
+
+def _above(low):
+    return lambda v: v > low, f"> {low}"
+
+
+def _between(low, high, closed_high=True):
+    ok = (lambda v: low <= v <= high) if closed_high else (lambda v: low <= v < high)
+    return ok, f"in [{low}, {high}{']' if closed_high else ')'}"
+
+
+def _one_of(*names):
+    return lambda v: v in names, "one of " + ", ".join(names)
+
+
+# Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
+# are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
+_OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
+          "schedule": _one_of("constant", "linear", "cosine"), "min_lr_ratio": _between(0, 1),
+          "max_grad_norm": _at_least(0)}
+VALID = {
+    "seed": _at_least(0),
+    "model.dtype": _one_of("float32", "bfloat16"),
+    "model.mixed_precision": _one_of("none", "bfloat16", "float32"),
+    "model.attn_implementation": _one_of("sdpa", "eager", "flash_attention_2"),
+    "data.max_prompt_tokens": _at_least(1), "data.eval_size": _at_least(0), "data.num_workers": _at_least(0),
+    "rollout.tensor_parallel": _at_least(1), "rollout.group_size": _at_least(1),
+    "rollout.prompts_per_step": _at_least(1), "rollout.max_new_tokens": _at_least(1),
+    "rollout.temperature": _above(0), "rollout.max_model_len": _at_least(0),
+    "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
+    "rollout.cpu_kv_cache_gb": _above(0), "rollout.logprob_diff_threshold": _at_least(0),
+    "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
+    "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
+    "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
+    "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
+    **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
+    "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
+    "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
+    "train.save_every": _at_least(0), "train.keep_checkpoints": _at_least(1), "train.export_every": _at_least(0),
+    "train.max_skipped_steps": _at_least(1),
+}
+
+
+def check_values(cfg: Config) -> None:
+    """Each field of VALID in range (a wrong type, e.g. a string where a number belongs, fails too), the
+    AdamW betas and reward weights, and a run name that stays inside output_dir."""
+    for key, (ok, valid) in VALID.items():
+        value = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        try:
+            good = bool(ok(value))
+        except TypeError:
+            good = False
+        if not good or isinstance(value, bool) and not valid.startswith("one of"):
+            raise ValueError(f"{key} must be {valid} (got {value!r})")
+    for section, optim in (("optim", cfg.optim), ("critic.optim", cfg.critic.optim)):
+        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
+            raise ValueError(f"{section}.betas must be two numbers in [0, 1) (got {optim.betas})")
+    for i, spec in enumerate(cfg.rewards):
+        if not math.isfinite(spec.weight):
+            raise ValueError(f"rewards[{i}].weight must be a finite number (got {spec.weight})")
+    name = str(cfg.name)
+    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
+        raise ValueError(f"name must be a plain folder name inside output_dir, without '/' or '..' "
+                         f"(got {name!r})")
 
 
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).

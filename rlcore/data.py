@@ -24,7 +24,7 @@ warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
 FILE_TYPES = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, field: str = "model.path"):
     """The model's tokenizer, as saved. transformers 5's AutoTokenizer substitutes the model type's own class
     for a tokenizer saved as a plain `tokenizers` file (tokenizer_class TokenizersBackend): a qwen2 config
     then gets Qwen2Tokenizer, whose byte-level pre-tokenizer silently drops the characters of a
@@ -33,10 +33,14 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     config = Path(path) / "tokenizer_config.json"
-    saved = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
-    if saved in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        saved = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+        if saved in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+            return PreTrainedTokenizerFast.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # missing, empty or corrupted tokenizer files
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ValueError(f"{field} '{path}': the tokenizer cannot be loaded ({type(e).__name__}: {first})") from e
 
 
 def load_table(path: str, split: str, name: str, field: str) -> datasets.Dataset:
@@ -46,7 +50,18 @@ def load_table(path: str, split: str, name: str, field: str) -> datasets.Dataset
         if suffix not in FILE_TYPES:
             raise ValueError(f"{field} '{path}' has an unsupported type '{suffix}'; "
                              f"expected one of {', '.join(FILE_TYPES)} or a hub dataset id")
-        return datasets.load_dataset(FILE_TYPES[suffix], data_files=path, split="train")
+        if os.path.isdir(path) or os.path.getsize(path) == 0:
+            raise ValueError(f"{field} '{path}' is {'a folder' if os.path.isdir(path) else 'empty'}; expected a "
+                             f"{suffix} file of prompts")
+        try:
+            table = datasets.load_dataset(FILE_TYPES[suffix], data_files=path, split="train")
+        except Exception as e:  # truncated or corrupted JSON / parquet, or another format under this suffix
+            cause = e.__cause__ or e
+            raise ValueError(f"{field} '{path}' is not a readable {suffix} file: {type(cause).__name__}: "
+                             f"{' '.join(str(cause).split())[:200]}") from e
+        if len(table) == 0:
+            raise ValueError(f"{field} '{path}' holds no rows")
+        return table
     if suffix in FILE_TYPES or path.startswith(("/", ".", "~")) or not path:
         raise ValueError(f"{field} '{path}' does not exist (expected a .json/.jsonl/.parquet file or a hub id)")
     try:
@@ -73,7 +88,12 @@ def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field:
         return {"prompt_ids": list(ids)}
 
     table = table.map(encode, keep_in_memory=True)
-    return table.filter(lambda row: len(row["prompt_ids"]) <= cfg.max_prompt_tokens, keep_in_memory=True)
+    kept = table.filter(lambda row: len(row["prompt_ids"]) <= cfg.max_prompt_tokens, keep_in_memory=True)
+    if len(kept) == 0:
+        shortest = min(len(ids) for ids in table["prompt_ids"])
+        raise ValueError(f"no prompt of {field} fits data.max_prompt_tokens={cfg.max_prompt_tokens} (the shortest "
+                         f"has {shortest} tokens)")
+    return kept
 
 
 class PromptStream:

@@ -11,6 +11,7 @@ from outside, one `fully_shard` per decoder layer plus the root, the same for al
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 
@@ -65,11 +66,58 @@ def _read_config(path: str, field: str):
     looks_local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or not path
     if not local and looks_local:
         raise ValueError(f"{field} '{path}' does not exist (expected a local model folder or a hub id)")
+    if local and not os.path.isdir(path):
+        raise ValueError(f"{field} '{path}' is a file; expected a model folder (config.json + weights) or a hub id")
     try:
         return AutoConfig.from_pretrained(path)
-    except (OSError, ValueError) as e:
+    except Exception as e:  # missing, empty or corrupted config.json, or one of an unknown kind
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"{field} '{path}' is not a loadable transformers model: {first}") from None
+
+
+def is_value_model(path: str) -> bool:
+    """A saved critic (token classifier) rather than a causal LM backbone."""
+    config = os.path.join(path, "config.json")
+    return os.path.isfile(config) and "ForTokenClassification" in open(config).read()
+
+
+def check_weights(path: str, field: str = "model.path") -> None:
+    """A local model folder's weights are all there and whole: every *.safetensors file (or every shard its
+    index names) has a readable header whose tensors end exactly at the end of the file. Reads headers only.
+    Hub ids are checked by the download itself."""
+    if not os.path.isdir(path):
+        return
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{field} '{path}': model.safetensors.index.json is not a valid index ({e})") from None
+    else:
+        files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        if any(f.endswith(".bin") for f in os.listdir(path)):
+            return  # torch pickles: no cheap check; transformers reports a bad one by name
+        raise ValueError(f"{field} '{path}' has no weights (*.safetensors or pytorch_model.bin)")
+    for name in files:
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise ValueError(f"{field} '{path}': weights file {name} is missing (named in the index)")
+        size = os.path.getsize(file)
+        try:
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if not 2 <= n <= size - 8:
+                    raise ValueError("no safetensors header")
+                header = json.loads(f.read(n))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+            raise ValueError(f"{field} '{path}': {name} is not a safetensors file (empty or corrupted header, "
+                             f"{size} bytes)") from None
+        if 8 + n + end != size:
+            raise ValueError(f"{field} '{path}': {name} is truncated or corrupted: its header needs "
+                             f"{8 + n + end} bytes, the file has {size}")
 
 
 def own_class(auto_class, config):

@@ -27,6 +27,7 @@ import torch
 
 from rlcore import models
 from rlcore.collectives import agree
+from rlcore.errors import describe
 from rlcore.parallel import device_type
 
 if TYPE_CHECKING:
@@ -71,35 +72,35 @@ def resolve(fn, what: str = "reward") -> Callable:
     return fn if callable(fn) else _resolve_spec(str(fn), what)
 
 
-@functools.lru_cache(maxsize=None)  # a file spec runs its file once, not on every score() call
 def _resolve_spec(spec: str, what: str) -> Callable:
-    if spec in BUILTINS and what == "reward":
+    if spec in BUILTINS and what.startswith("reward"):
         return BUILTINS[spec]
     where, _, name = spec.rpartition(":")
     if not where or not name:
         raise ValueError(f"{what} '{spec}' is not a built-in ({', '.join(BUILTINS)}) nor of the form "
                          f"'module:function' or 'path/to/file.py:function'")
-    if where.endswith(".py"):
-        path = Path(where).expanduser()
-        if not path.is_file():
-            raise ValueError(f"{what} '{spec}': file '{where}' does not exist")
-        module_spec = importlib.util.spec_from_file_location(f"rlcore_user_{path.stem}", path)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:  # the user's file failed to run: say which spec, keep the cause
-            raise ValueError(f"{what} '{spec}': running '{where}' failed: {type(e).__name__}: "
-                             f"{_one_line(str(e))}") from e
-    else:
-        try:
-            module = importlib.import_module(where)
-        except Exception as e:  # not found, or the user's module raised while importing
-            raise ValueError(f"{what} '{spec}': cannot import module '{where}' ({type(e).__name__}: "
-                             f"{_one_line(str(e))})") from None
+    if where.endswith(".py") and not Path(where).expanduser().is_file():
+        raise ValueError(f"{what} '{spec}': file '{where}' does not exist")
+    try:
+        module = _load(where)
+    except Exception as e:  # the user's file failed to run, or the module is not there: keep the cause
+        how = f"running '{where}' failed: " if where.endswith(".py") else f"cannot import module '{where}' ("
+        raise ValueError(f"{what} '{spec}': {how}{describe(e)}{'' if where.endswith('.py') else ')'}") from e
     found = getattr(module, name, None)
     if not callable(found):
         raise ValueError(f"{what} '{spec}': '{where}' has no function '{name}'")
     return found
+
+
+@functools.lru_cache(maxsize=None)  # a file runs once, however many settings name it
+def _load(where: str):
+    if not where.endswith(".py"):
+        return importlib.import_module(where)
+    path = Path(where).expanduser()
+    module_spec = importlib.util.spec_from_file_location(f"rlcore_user_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
 
 
 def fn_name(fn) -> str:

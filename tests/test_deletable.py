@@ -22,7 +22,7 @@ from pathlib import Path
 import rlcore, rlcore.algorithms
 from rlcore.cli import available_recipes, load_recipe
 from rlcore.parallel import ParallelDims
-from rlcore.trainer import validate
+from rlcore.config import validate
 modules = [m.name for m in pkgutil.walk_packages(rlcore.__path__, "rlcore.")]
 for name in modules:
     importlib.import_module(name)

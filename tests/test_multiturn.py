@@ -92,7 +92,7 @@ def test_a_slow_environment_times_out_without_hanging(tmp_path):
     (f"rollout.env={ENVS}:TwoTokenStop rollout.max_total_tokens=16", "stop token '12' is not one token of the tokenizer"),
     (f"rollout.env={ENVS}:NoTurns rollout.max_total_tokens=16", "max_turns must be a whole number >= 1"),
     (f"rollout.env={ENVS}:Retry rollout.max_total_tokens=4", "rollout.max_total_tokens=4 is smaller than one turn"),
-    (f"rollout.env={ENVS}:Retry rollout.max_total_tokens=16 rollout.max_turns=-1", "rollout.max_turns must be >= 1"),
+    (f"rollout.env={ENVS}:Retry rollout.max_total_tokens=16 rollout.max_turns=-1", "rollout.max_turns must be >= 0 (got -1)"),
     ("rollout.max_turns=3", "rollout.max_turns and rollout.max_total_tokens need an environment"),
 ])
 def test_bad_environment_settings(tmp_path, override, says):

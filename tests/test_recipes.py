@@ -4,7 +4,7 @@ import pytest
 from conftest import ROOT
 from rlcore.cli import available_recipes, load_recipe
 from rlcore.parallel import ParallelDims
-from rlcore.trainer import validate
+from rlcore.config import validate
 
 # Qwen2.5-1.5B-Instruct's config.json: 12 attention heads, 2 key/value heads, 32768 positions.
 QWEN25_15B = {"heads": 12, "kv_heads": 2, "context": 32768}

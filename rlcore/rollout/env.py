@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from rlcore.errors import describe
 
 
 @dataclass
@@ -139,9 +140,7 @@ def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int) -> 
                 try:
                     out[i].value = f.result()
                 except Exception as e:  # the environment's own error: reported by the caller, with its place
-                    frames = traceback.extract_tb(e.__traceback__)
-                    at = f" (at {frames[-1].filename.rsplit('/', 1)[-1]}:{frames[-1].lineno})" if frames else ""
-                    out[i].error = f"{type(e).__name__}: {' '.join(str(e).split())}{at}"
+                    out[i].error = describe(e)
             for f in [f for f in pending if futures[f] in started and now - started[futures[f]] > timeout_s]:
                 out[futures[f]].timed_out, out[futures[f]].seconds = True, now - started[futures[f]]
                 pending.discard(f)

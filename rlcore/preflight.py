@@ -1,0 +1,157 @@
+"""Everything rlcore checks before the engines start, in four phases that each end in one collective.
+
+    config   the config against the mesh, the output folder, the checkpoint to resume from
+    prepare  the recipe's `prepare` function (rank 0 builds local assets, e.g. the embedded tiny model)
+    models   each model's config.json and weights, the engine context, and the launch plan's memory fit
+    inputs   tokenizer, reward functions, prompt files and the environment (one instance from row 0)
+
+A phase runs on every rank; whatever bad input any rank finds (a file only one node cannot read, a
+recipe that fails on one rank) is raised as the same InputError on every rank by `on_every_rank`, so
+no rank is left waiting in a later collective. Each message is one line naming the key or file.
+Nothing is written before these phases pass: no run directory, no config.json, no checkpoint.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+
+import torch.distributed as dist
+
+from rlcore import checkpoint, models, plan, rewards
+from rlcore.config import Config, validate
+from rlcore.data import load_table, load_tokenizer, tokenize_prompts
+from rlcore.errors import describe
+from rlcore.parallel import ParallelDims
+from rlcore.rollout.collect import make_envs
+from rlcore.rollout.engine import check_architecture
+
+
+class InputError(ValueError):
+    """Bad input that every rank raises together (rank 0 prints it)."""
+
+
+def on_every_rank(check, *args):
+    """check(*args) on every rank; if it raised ValueError on any rank, every rank raises the first one."""
+    result, error, cause = None, None, None
+    try:
+        result = check(*args)
+    except ValueError as e:
+        error, cause = str(e), e
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise InputError(first) from cause
+    return result
+
+
+def check_output(cfg: Config) -> Path:
+    """The run directory <output_dir>/<name> can be created (probed with a temporary folder, removed at
+    once), and does not leave output_dir."""
+    root = Path(cfg.output_dir).expanduser()
+    run_dir = root / cfg.name
+    if run_dir.resolve().parent != root.resolve():
+        raise ValueError(f"name {cfg.name!r} leaves output_dir {cfg.output_dir!r}; use a plain folder name")
+    existing = run_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"output_dir {cfg.output_dir!r}: {str(existing)!r} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".rlcore-probe-"))
+    except OSError as e:
+        raise ValueError(f"output_dir {cfg.output_dir!r}: cannot create folders in {str(existing)!r} "
+                         f"({e.strerror})") from None
+    return run_dir
+
+
+def check_config(cfg: Config, dims: ParallelDims):
+    """-> (run_dir, checkpoint metadata, checkpoint to resume from or None, lines to print)."""
+    dims.validate()
+    validate(cfg, dims)
+    run_dir = check_output(cfg)
+    if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
+        raise ValueError("logging.wandb=true needs the wandb package: pip install 'rlcore[wandb]' (or set "
+                         "logging.wandb=false; TensorBoard logs are always written)")
+    meta = checkpoint.describe(cfg, dims.world_size, dims.rollout_groups)
+    resume_from, notes = checkpoint.resolve(cfg, run_dir, meta)  # a missing or foreign checkpoint fails here
+    return run_dir, meta, resume_from, notes
+
+
+def prepare(cfg: Config) -> None:
+    """cfg.prepare ("module:function") once, on rank 0."""
+    if not cfg.prepare or dist.get_rank() != 0:
+        return
+    module, _, fn = cfg.prepare.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), fn)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"prepare '{cfg.prepare}' cannot be found: {describe(e)}") from e
+    try:
+        function(cfg)
+    except ValueError:
+        raise
+    except Exception as e:  # the recipe's own code
+        raise ValueError(f"prepare '{cfg.prepare}' raised {describe(e)}") from e
+
+
+def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
+    """-> (the actor's HF config, the engine context, the KV-cache bytes the plan gives each engine rank)."""
+    hf_config = models.check_model(cfg.model.path)
+    check_architecture(cfg.model.path, hf_config)
+    weights = {"model.path": cfg.model.path}
+    for i, spec in enumerate(cfg.rewards):
+        if spec.model:
+            models.check_reward_model(spec.model, f"rewards[{i}].model")
+            weights[f"rewards[{i}].model"] = spec.model
+    if getattr(cfg.algorithm, "needs_critic", False) and cfg.critic.path != "policy":
+        if not models.is_value_model(cfg.critic.path):
+            models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
+        weights["critic.path"] = cfg.critic.path
+    dims.validate(hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None))
+    # The engine's context holds the prompt and everything after it: all turns, model and environment tokens.
+    after = cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens
+    max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + after
+    context = getattr(hf_config, "max_position_embeddings", max_model_len)
+    if max_model_len > context or cfg.data.max_prompt_tokens + after > max_model_len:
+        which = "max_total_tokens" if cfg.rollout.max_total_tokens else "max_new_tokens"
+        raise ValueError(f"data.max_prompt_tokens + rollout.{which} = {cfg.data.max_prompt_tokens + after} does "
+                         f"not fit the engine context (rollout.max_model_len={max_model_len}, model max {context})")
+    fit = check_plan(cfg, dims.world_size, nproc_per_node)
+    for key, path in weights.items():  # last: reads the headers of every weights file
+        models.check_weights(path, key)
+    return hf_config, max_model_len, fit
+
+
+def check_plan(cfg: Config, world: int, nproc_per_node: int) -> tuple[plan.Plan | None, str]:
+    """The launch plan: a run that does not fit stops here (plan.strict), before any engine starts.
+    -> (the plan, or None when the model's shapes are outside its formulas; a line to print, or "")."""
+    try:
+        result = plan.build(cfg, nproc_per_node, max(1, world // nproc_per_node))
+    except (KeyError, TypeError, ZeroDivisionError) as e:  # a config.json the formulas do not cover
+        return None, f"rlcore: plan: skipped, the model's config.json is outside its formulas ({describe(e)})"
+    if result.fits:
+        return result, ""
+    line = f"the launch plan does not fit: {result.error()} (plan.strict=false runs it anyway)"
+    if cfg.plan.strict:
+        raise ValueError(line)
+    return result, f"rlcore: warning: {line}"
+
+
+def load_inputs(cfg: Config, vocab_size: int):
+    """-> (tokenizer, reward functions with weights, the prompt table, the environment settings, eval rows)."""
+    tokenizer = load_tokenizer(cfg.model.path)
+    reward_fns = [(rewards.resolve(spec.fn, f"rewards[{i}].fn"), spec.weight)
+                  for i, spec in enumerate(cfg.rewards) if not spec.model]
+    table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
+                             cfg.data, tokenizer, "data.path")
+    envs = make_envs(cfg, tokenizer, table[0], vocab_size)  # one instance from the first row, checked
+    eval_rows = []
+    if cfg.data.eval_path:
+        held_out = tokenize_prompts(load_table(cfg.data.eval_path, cfg.data.eval_split, cfg.data.name,
+                                               "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
+        eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
+    return tokenizer, reward_fns, table, envs, eval_rows

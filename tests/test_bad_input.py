@@ -1,0 +1,230 @@
+"""Bad input, class by class, through the real entry point (launch/train.py): every case ends in exit 2 and
+one `rlcore: error:` line naming the key or file, before any engine starts, with no run directory written.
+
+Classes (the README's "Bad input" table): (a) user files missing, empty, truncated, corrupted or of the
+wrong kind; (b) numeric fields out of range, zero, negative or NaN, and named choices that do not exist;
+(c) output locations that cannot be created, and run names that would leave output_dir; (d) the user's own
+code raising (recipe, prepare, reward and environment files); (e) an error only some ranks see.
+(a)-(d) run as `python launch/train.py` (world size 1, the same code path as every torchrun rank);
+(e) runs under torchrun with 2 ranks.
+"""
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, rank_exit_codes, train_cmd
+
+TRAIN = ROOT / "launch" / "train.py"
+
+
+def run(*args, env=None, timeout=300):
+    import os
+    return subprocess.run([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
+
+
+def rejected(proc, out) -> str:
+    """The one error line of a run that was refused before writing anything under `out`."""
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not out.exists() or not any(out.iterdir()), f"{list(out.iterdir())} written"
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    """A copy of the demo's model folder (built by its prepare step), to break in place."""
+    from rlcore import tiny
+    from rlcore.cli import parse_argv
+
+    tiny.prepare(parse_argv(["recipe=demo"], ROOT / "recipes"))
+    return tiny.model_dir()
+
+
+def broken_model(tmp_path, demo_model, how):
+    path = tmp_path / "model"
+    shutil.copytree(demo_model, path)
+    weights = path / "model.safetensors"
+    if how == "truncated weights":
+        weights.write_bytes(weights.read_bytes()[:-1000])
+    elif how == "no weights":
+        weights.unlink()
+    elif how == "corrupted weights":
+        weights.write_bytes(b"\xff" * 64 + weights.read_bytes()[64:])
+    elif how == "empty config.json":
+        (path / "config.json").write_text("")
+    elif how == "config.json of the wrong kind":
+        (path / "config.json").write_text('["not", "a", "config"]')
+    elif how == "corrupted tokenizer":
+        (path / "tokenizer.json").write_text("{ this is not json")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- (a) files
+
+@pytest.mark.parametrize("how, says", [
+    ("truncated weights", "model.safetensors is truncated or corrupted: its header needs"),
+    ("no weights", "has no weights (*.safetensors or pytorch_model.bin)"),
+    ("corrupted weights", "model.safetensors is not a safetensors file (empty or corrupted header"),
+    ("empty config.json", "is not a loadable transformers model"),
+    ("config.json of the wrong kind", "is not a loadable transformers model"),
+    ("corrupted tokenizer", "the tokenizer cannot be loaded"),
+])
+def test_broken_model_folder(tmp_path, demo_model, how, says):
+    path = broken_model(tmp_path, demo_model, how)
+    proc = run("recipe=demo", "prepare=", f"model.path={path}", f"output_dir={tmp_path}/runs")
+    line = rejected(proc, tmp_path / "runs")
+    assert f"model.path '{path}'" in line and says in line
+
+
+@pytest.mark.parametrize("content, name, says", [
+    ("", "prompts.jsonl", "data.path '{}' is empty; expected a .jsonl file of prompts"),
+    ('{"prompt": "1+1="}\n{"prompt": "2+', "prompts.jsonl", "data.path '{}' is not a readable .jsonl file"),
+    ("this is text, not parquet", "prompts.parquet", "data.path '{}' is not a readable .parquet file"),
+    ("prompt,answer\n1+1=,2\n", "prompts.csv", "data.path '{}' has an unsupported type '.csv'"),
+    ('{"prompt": "1+1=1+1=1+1=1+1=1+1=1+1="}\n', "prompts.jsonl", "no prompt of data.path fits "
+                                                                   "data.max_prompt_tokens=16"),
+])
+def test_broken_prompt_file(tmp_path, demo_model, content, name, says):
+    file = tmp_path / name
+    file.write_text(content)
+    proc = run("recipe=demo", f"data.path={file}", f"output_dir={tmp_path}/runs")
+    assert says.format(file) in rejected(proc, tmp_path / "runs")
+
+
+@pytest.mark.parametrize("content, says", [
+    ("", "defines no config() function returning a Config"),
+    ("def config(:\n    pass\n", "failed to run: SyntaxError: "),
+    ("import json\ndef config():\n    return json.loads('{')\n", "config() raised JSONDecodeError"),
+])
+def test_broken_recipe_file(tmp_path, content, says):
+    (tmp_path / "bad.py").write_text(content)
+    proc = run(f"recipe={tmp_path}/bad.py", f"output_dir={tmp_path}/runs")
+    line = rejected(proc, tmp_path / "runs")
+    assert f"{tmp_path}/bad.py" in line and says in line
+
+
+# ------------------------------------------------------------------------------------ (b) values
+
+@pytest.mark.parametrize("override, says", [
+    ("optim.lr=nan", "optim.lr must be >= 0 (got nan)"),
+    ("rollout.temperature=-0.5", "rollout.temperature must be > 0 (got -0.5)"),
+    ("train.micro_batch_size=0", "train.micro_batch_size must be >= 1 (got 0)"),
+    ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization must be in (0, 1] (got 1.5)"),
+    ("rollout.cpu_kv_cache_gb=nan", "rollout.cpu_kv_cache_gb must be > 0 (got nan)"),
+    ("optim.betas=[0.9,1.5]", "optim.betas must be two numbers in [0, 1) (got [0.9, 1.5])"),
+    ("rewards.0.weight=inf", "rewards[0].weight must be a finite number (got inf)"),
+    ("critic.optim.min_lr_ratio=2", "critic.optim.min_lr_ratio must be in [0, 1] (got 2.0)"),
+    ("model.dtype=float16", "model.dtype must be one of float32, bfloat16 (got 'float16')"),
+    ("optim.schedule=cosin", "optim.schedule must be one of constant, linear, cosine (got 'cosin')"),
+    ("model.attn_implementation=flash", "model.attn_implementation must be one of sdpa, eager, flash_attention_2"),
+    ("resume=step_7", "resume"),
+])
+def test_bad_values(tmp_path, override, says):
+    proc = run("recipe=demo", override, f"output_dir={tmp_path}/runs")
+    assert says in rejected(proc, tmp_path / "runs")
+
+
+# ------------------------------------------------------------------------------------ (c) outputs
+
+@pytest.mark.parametrize("where, says", [
+    ("output_dir={tmp}/a_file", "output_dir '{tmp}/a_file': '{tmp}/a_file' is a file, not a folder"),
+    ("output_dir={tmp}/a_file/runs", "output_dir '{tmp}/a_file/runs': '{tmp}/a_file' is a file, not a folder"),
+    ("output_dir=/proc/rlcore-runs", "output_dir '/proc/rlcore-runs': cannot create folders in '/proc'"),
+    ("name=../escaped", "name must be a plain folder name inside output_dir, without '/' or '..' (got '../escaped')"),
+    ("name=a/b", "name must be a plain folder name inside output_dir"),
+    ("name=..", "name must be a plain folder name inside output_dir"),
+])
+def test_impossible_outputs(tmp_path, where, says):
+    (tmp_path / "a_file").write_text("not a folder")
+    args = [where.format(tmp=tmp_path)] + ([] if where.startswith("output_dir") else [f"output_dir={tmp_path}/runs"])
+    proc = run("recipe=demo", *args)
+    assert says.format(tmp=tmp_path) in rejected(proc, tmp_path / "runs")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"], "nothing may be created"
+
+
+# ------------------------------------------------------------------------------------ (d) user code
+
+USER = '''
+def reward(prompts, completions, **columns):
+    return [0.0] * len(prompts)
+
+raise RuntimeError("the grader's database is down")
+'''
+RECIPE = '''
+from rlcore.cli import load_recipe
+from pathlib import Path
+
+def prepare(cfg):
+    raise OSError("no space left for the tiny model")
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    cfg.prepare = "{module}:prepare"
+    return cfg
+'''
+
+
+@pytest.mark.parametrize("case, says", [
+    ("recipe", "recipe '{tmp}/boom.py': config() raised ZeroDivisionError: division by zero (at boom.py:3)"),
+    ("reward file", "rewards[0].fn '{tmp}/grader.py:reward': running '{tmp}/grader.py' failed: RuntimeError: the "
+                    "grader's database is down (at grader.py:5)"),
+    ("prepare", "prepare 'prep_recipe:prepare' raised OSError: no space left for the tiny model (at prep_recipe.py:6)"),
+    ("environment", "rollout.env '{tmp}/grader.py:reward': running '{tmp}/grader.py' failed: RuntimeError"),
+])
+def test_user_code_raising(tmp_path, case, says):
+    (tmp_path / "boom.py").write_text("def config():\n    x = 0\n    return 1 / x\n")
+    (tmp_path / "grader.py").write_text(USER)
+    (tmp_path / "prep_recipe.py").write_text(RECIPE.format(root=ROOT, module="prep_recipe"))
+    args = {"recipe": [f"recipe={tmp_path}/boom.py"],
+            "reward file": ["recipe=demo", f"rewards.0.fn={tmp_path}/grader.py:reward"],
+            "prepare": [f"recipe={tmp_path}/prep_recipe.py"],
+            "environment": ["recipe=demo", f"rollout.env={tmp_path}/grader.py:reward", "rollout.max_total_tokens=16"],
+            }[case]
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    proc = run(*args, f"output_dir={tmp_path}/runs", env=env)
+    assert says.format(tmp=tmp_path) in rejected(proc, tmp_path / "runs")
+    debug = run(*args, f"output_dir={tmp_path}/runs", env=env | {"RLCORE_DEBUG": "1"})
+    assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("rlcore: error:")
+
+
+# ------------------------------------------------------------------------------- (e) some ranks only
+
+ONE_RANK = '''
+import os
+from pathlib import Path
+from rlcore.cli import load_recipe
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    if os.environ.get("RANK") == "1":
+        {what}
+    return cfg
+'''
+
+
+@pytest.mark.parametrize("what, says, code", [
+    # before the ranks connect: rank 1 stops, torchrun stops rank 0; its report names rank 1's line
+    ("raise KeyError('only on rank 1')", "config() raised KeyError: 'only on rank 1'", None),
+    # after: every rank raises the same error together, exit 2 on both
+    ("cfg.data.path = '/nowhere/prompts.jsonl'", "data.path '/nowhere/prompts.jsonl' does not exist", {2}),
+    ("cfg.rewards[0].fn = 'no_such_module:reward'", "rewards[0].fn 'no_such_module:reward': cannot import module",
+     {2}),
+])
+def test_an_error_only_one_rank_sees_stops_every_rank(tmp_path, what, says, code):
+    (tmp_path / "ranked.py").write_text(ONE_RANK.format(root=ROOT, what=what))
+    start = time.monotonic()
+    proc = train_cmd(f"recipe={tmp_path}/ranked.py", f"output_dir={tmp_path}/runs", timeout=240)
+    assert time.monotonic() - start < 200
+    assert proc.returncode != 0
+    if code:
+        assert rank_exit_codes(proc) == code, proc.stderr[-3000:]
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
+        assert len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
+    assert says in proc.stderr.split("Root Cause")[-1], proc.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
