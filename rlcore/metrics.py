@@ -21,10 +21,27 @@ PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("pol
 
 
 def peak_memory_gb() -> float:
-    """Peak GPU memory allocated, or peak resident memory of this process on CPU."""
+    """Peak GPU memory torch allocated in this process, or on CPU its peak resident memory (VmHWM), since the
+    last reset_peak_memory()."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 2**20  # KiB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux, never reset
+
+
+def reset_peak_memory() -> None:
+    """Start a phase's peak from the memory in use now (Linux resets VmHWM on writing 5 to clear_refs)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
 
 
 def _turn(key: str) -> int:
@@ -32,12 +49,20 @@ def _turn(key: str) -> int:
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0):
+    def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0,
+                 wandb: dict | None = None):
         """start_step > 0: a resumed run keeps the log of steps up to it and drops any later lines
-        (steps a killed run logged after its last checkpoint are trained again)."""
-        self.enabled = enabled
+        (steps a killed run logged after its last checkpoint are trained again).
+        wandb: {"project", "name", "config"} mirrors every logged key and the config to Weights & Biases
+        (imported here, only when asked for; WANDB_MODE=offline writes runs/<name>/wandb/ only)."""
+        self.enabled, self.wandb = enabled, None
         if not enabled:
             return
+        if wandb is not None:
+            import wandb as wandb_lib
+
+            self.wandb = wandb_lib.init(project=wandb["project"], name=wandb["name"], config=wandb["config"],
+                                        dir=str(run_dir), resume="allow", id=wandb.get("id"))
         from torch.utils.tensorboard import SummaryWriter
 
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -56,6 +81,8 @@ class RunLogger:
             return
         for key, value in metrics.items():
             self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
         shown = [f"{short}={metrics[k]:.4g}" for k, short in PROGRESS_KEYS if k in metrics]
@@ -75,3 +102,5 @@ class RunLogger:
             self.bar.close()
             self.tb.close()
             self.jsonl.close()
+            if self.wandb is not None:
+                self.wandb.finish()

@@ -35,6 +35,7 @@ Train bar, bytes per GPU:
   engine         0 while it sleeps (CUDA with sleep_while_training), else its whole budget (below)
 Generation bar, bytes per GPU:
   trainer        trained params + AdamW state (gradients are freed) + frozen shards kept on the GPU
+  runtime        CPU only: CPU_RUNTIME_GB per rank (the process itself, measured on the demo)
   engine         CUDA: gpu_memory_utilization * memory (vLLM takes that fraction), holding weights
                  b_c*P/k, an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
                  the KV cache in the rest; CPU: weights + cpu_kv_cache_gb
@@ -57,6 +58,7 @@ from rlcore.parallel import ParallelDims
 
 GB = 2**30
 MARGIN = 0.10  # CUDA context, allocator fragmentation and NCCL buffers are not in the bars
+CPU_RUNTIME_GB = 1.0  # resident memory of a CPU rank before any model: imports 0.66 GB + vLLM's engine state
 ENGINE_OVERHEAD_GB = 2.0  # vLLM's profiled activation peak + CUDA graphs + context inside its budget (calibrate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -178,6 +180,10 @@ class Plan:
     levers: dict[str, list[tuple[str, float, bool]]] = field(default_factory=dict)  # bar -> (lever, saved, fits)
 
     @property
+    def kv_bytes(self) -> int:  # the KV cache each engine rank gets
+        return self.kv_tokens * self.kv_per_token
+
+    @property
     def world(self) -> int:
         return self.nproc_per_node * self.nnodes
 
@@ -284,6 +290,8 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     seq = cfg.data.max_prompt_tokens + (r.max_total_tokens or r.max_new_tokens)
     tokens = t.micro_batch_size * seq
     resident, grads = [], []  # grads are freed after each optimizer step: not in the generation bar
+    if not cuda:  # a CPU rank's own process: interpreter, torch, transformers and vLLM code and their state
+        resident.append((f"process runtime (python, torch, vLLM; measured)", CPU_RUNTIME_GB * GB))
     for x in models:
         if x.trained:
             resident += [(f"{x.role} params ({m.dtype}, /{world})", b_m * x.params / world),

@@ -8,7 +8,7 @@ The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algo
 """
 from __future__ import annotations
 
-import importlib
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -17,16 +17,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, models, rewards, update
+from rlcore import checkpoint, export, models, preflight, rewards, update
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
-from rlcore.config import Config, validate
-from rlcore.data import PromptStream, load_table, load_tokenizer, tokenize_prompts
-from rlcore.metrics import RunLogger, peak_memory_gb
+from rlcore.config import Config
+from rlcore.data import PromptStream, load_tokenizer
+from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.rollout.collect import collect, evaluate, make_envs, model_budget
-from rlcore.rollout.engine import check_architecture
+from rlcore.rollout.collect import collect, evaluate, model_budget
 from rlcore.rollout.turns import Envs
+from rlcore.summary import Summary
 
 
 class Preempted(RunError):
@@ -59,63 +59,31 @@ class Run:
     logger: RunLogger
     run_dir: Path
     meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
+    plan: object = None  # the launch plan (rlcore.plan.Plan), or None where its formulas do not cover the model
     resume_from: Path | None = None  # the checkpoint to load before the first step
 
 
 def setup(cfg: Config) -> Run:
-    """Validate everything cheap first (config, mesh degrees, model config, data), then load."""
+    """Check everything cheap on every rank first (rlcore/preflight.py), then load."""
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel)
-    dims.validate()
-    validate(cfg, dims)
-    run_dir = Path(cfg.output_dir) / cfg.name
-    meta = checkpoint.describe(cfg, world, dims.rollout_groups)
-    # A missing, incomplete or foreign checkpoint fails here, before anything loads.
-    resume_from, resume_notes = checkpoint.resolve(cfg, run_dir, meta)
-    if cfg.prepare:
-        # Local assets (e.g. the embedded tiny model) are built once, by rank 0.
-        if rank == 0:
-            module, _, fn = cfg.prepare.partition(":")
-            getattr(importlib.import_module(module), fn)(cfg)
-        dist.barrier()
-    hf_config = models.check_model(cfg.model.path)
-    check_architecture(cfg.model.path, hf_config)
-    for i, spec in enumerate(cfg.rewards):
-        if spec.model:
-            models.check_reward_model(spec.model, f"rewards[{i}].model")
-    if needs_critic(cfg) and cfg.critic.path != "policy" and not _is_value_model(cfg.critic.path):
-        models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
-    dims.validate(hf_config.num_attention_heads, getattr(hf_config, "num_key_value_heads", None))
-    # The engine's context holds the prompt and everything after it: all turns, model and environment tokens.
-    after = cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens
-    max_model_len = cfg.rollout.max_model_len or cfg.data.max_prompt_tokens + after
-    context = getattr(hf_config, "max_position_embeddings", max_model_len)
-    if max_model_len > context or cfg.data.max_prompt_tokens + after > max_model_len:
-        which = "max_total_tokens" if cfg.rollout.max_total_tokens else "max_new_tokens"
-        raise ValueError(f"data.max_prompt_tokens + rollout.{which} = {cfg.data.max_prompt_tokens + after} does "
-                         f"not fit the engine context (rollout.max_model_len={max_model_len}, model max {context})")
-
-    tokenizer = load_tokenizer(cfg.model.path)
-    reward_fns = [(rewards.resolve(spec.fn), spec.weight) for spec in cfg.rewards if not spec.model]
-    table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
-                             cfg.data, tokenizer, "data.path")
+    run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    preflight.on_every_rank(preflight.prepare, cfg)
+    hf_config, max_model_len, (launch_plan, plan_note) = preflight.on_every_rank(
+        preflight.check_models, cfg, dims, per_node)
+    tokenizer, reward_fns, table, envs, eval_rows = preflight.on_every_rank(
+        preflight.load_inputs, cfg, hf_config.vocab_size)
     fsdp_mesh, rollout_mesh = build_meshes(dims)
     group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
                            group, cfg.seed, cfg.data.num_workers)
-    envs = make_envs(cfg, tokenizer, table[0], hf_config.vocab_size)  # one instance from the first row, checked
-    eval_rows = []
-    if cfg.data.eval_path:
-        held_out = tokenize_prompts(load_table(cfg.data.eval_path, cfg.data.eval_split, cfg.data.name,
-                                               "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
-        eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
-
     if rank == 0:
         from rlcore.cli import save_config
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
-    engine = RolloutEngine(cfg, max_model_len)
+    engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None)
     policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
     reference = critic = critic_optimizer = critic_scheduler = None
@@ -130,26 +98,49 @@ def setup(cfg: Config) -> Run:
                                                            fsdp_mesh, cfg.model, frozen=True),
                                   load_tokenizer(spec.model)), spec.weight)
                      for spec in cfg.rewards if spec.model]
-    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from))
-    logger.print(f"rlcore: {world} ranks, {dims.rollout_groups} vLLM engine(s) x tp={dims.tp}, FSDP over "
-                 f"{world}")
-    critic_from = cfg.model.path if cfg.critic.path == "policy" else cfg.critic.path
+    wandb = None
+    if cfg.logging.wandb:
+        from rlcore.cli import config_to_dict
+        wandb = {"project": cfg.logging.wandb_project, "name": cfg.name, "config": config_to_dict(cfg),
+                 "id": f"{cfg.name}-{meta['fingerprint']}"}  # a resumed run continues the same wandb run
+    logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
+                       wandb=wandb)
+    for line in layout(cfg, dims, reference is not None, critic is not None, len(reward_models)):
+        logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained) | critic "
-                 + (f"{critic_from} + value head (trained)" if critic else "none")
+                 + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
+                    if critic else "none")
                  + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
                                             + ([f"env x{cfg.rollout.env_weight:g}"] if envs.factory else [])))
+    if plan_note:
+        logger.print(plan_note)
     if envs.factory:
         logger.print(f"rlcore: environment {envs.spec}: up to {envs.max_turns} turns of {cfg.rollout.max_new_tokens} "
-                     f"tokens, {after} tokens after the prompt")
+                     f"tokens, {cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens} tokens after the prompt")
     for line in resume_notes:
         logger.print(line)
     return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows, reward_fns,
                reward_models, envs, model_budget(cfg, envs), engine,
                policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir,
-               meta=meta, resume_from=resume_from)
+               meta=meta, plan=launch_plan, resume_from=resume_from)
+
+
+def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, reward_models: int,
+           shown: int = 8) -> list[str]:
+    """Which ranks hold which models and engines: one line per rank (the first `shown`)."""
+    w, k = dims.world_size, dims.tp
+    held = ["actor (trained)"] + (["critic (trained)"] if critic else []) + (["reference"] if reference else [])
+    held += [f"reward model {i}" for i in range(reward_models)]
+    lines = [f"rlcore: {w} ranks, {dims.rollout_groups} vLLM engine(s) x tp={k}, FSDP over {w}; each rank holds "
+             f"1/{w} of: {', '.join(held)}"]
+    for r in range(min(w, shown)):
+        lines.append(f"  rank {r:<3} engine {r // k} (tp rank {r % k} of {k}) | FSDP shard {r} of {w}")
+    if w > shown:
+        lines.append(f"  ranks {shown}-{w - 1} alike: engine = rank // {k}")
+    return lines
 
 
 def trained_models(run: Run) -> dict[str, tuple]:
@@ -164,20 +155,17 @@ def needs_critic(cfg: Config) -> bool:
     return bool(getattr(cfg.algorithm, "needs_critic", False))
 
 
-def _is_value_model(path: str) -> bool:
-    """A saved critic (token classifier) rather than a causal LM backbone."""
-    config = Path(path) / "config.json"
-    return config.exists() and "ForTokenClassification" in config.read_text()
-
-
 def total_optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.train.epochs_per_step * cfg.train.mini_batches
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
     cfg, t_step = run.cfg, time.perf_counter()
+    reset_peak_memory()
     batch, metrics = collect(run, step)
+    generate_peak = peak_memory_gb()
     run.engine.sleep()
+    reset_peak_memory()
 
     t = time.perf_counter()
     batch.old_logprobs = update.forward_logprobs(run, run.policy, batch)
@@ -202,17 +190,24 @@ def train_step(run: Run, step: int) -> dict[str, float]:
 
     # A step with nothing applied left the policy as the engine already holds it: no sync.
     stats = run.engine.sync_weights(run.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
-    n, length = all_sum(len(batch), batch.loss_mask.sum().item())
+    n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {
-        "response/length_mean": length / n,
+        "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
         "rollout/logprob_diff_mean": diff_sum / max(tokens, 1.0),
         "rollout/logprob_diff_max": diff_max,
         "time/logprobs_s": t_logprobs, "time/train_s": t_train, "time/sync_s": stats.seconds,
         "time/step_s": time.perf_counter() - t_step,
         "throughput/train_tok_s": length / max(t_train, 1e-9),
         "sync/gb": stats.bytes / 1e9, "sync/peak_bucket_gb": stats.peak_bucket_bytes / 1e9,
-        "memory/peak_gb": all_max(peak_memory_gb()),
     }
+    # Measured peaks per phase next to the plan's bars (per GPU, or per CPU rank): the planner is checked
+    # on every run.
+    generate_peak, train_peak = all_max(generate_peak), all_max(peak_memory_gb())
+    metrics |= {"memory/peak_gb": max(generate_peak, train_peak), "memory/generate_peak_gb": generate_peak,
+                "memory/train_peak_gb": train_peak}
+    if run.plan is not None:
+        metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
+                    "memory/plan_train_gb": run.plan.train.total / 2**30}
     return metrics
 
 
@@ -223,6 +218,7 @@ def train(cfg: Config) -> dict[str, float]:
     # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
     loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
     stop = checkpoint.StopSignal()
+    report, status = Summary(), "finished"
     try:
         if run.resume_from is not None:
             loop, notes = checkpoint.load(run.resume_from, trained_models(run), run.prompts, run.group)
@@ -232,7 +228,9 @@ def train(cfg: Config) -> dict[str, float]:
             run.engine.sync_weights(run.policy)
             summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
         elif run.eval_rows:
+            t = time.perf_counter()
             summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+            report.extra |= {"time/eval_s": time.perf_counter() - t, "eval/accuracy_start": summary["eval/accuracy_start"]}
             run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
         for step in range(loop["step"] + 1, cfg.train.steps + 1):
             metrics = train_step(run, step)
@@ -241,29 +239,39 @@ def train(cfg: Config) -> dict[str, float]:
             loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
             metrics["train/skipped_steps"] = loop["skipped_steps"]
             if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
+                t = time.perf_counter()
                 metrics |= evaluate(run)
+                metrics["time/eval_s"] = time.perf_counter() - t
             run.logger.log(step, metrics)
             summary |= metrics
+            report.add(metrics)
             if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
                 raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
                                f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
                                f"with the weights of the last finite step")
-            save_and_export(run, step, loop, stop)
+            report.steps[-1]["time/checkpoint_s"] = save_and_export(run, step, loop, stop)
         if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
             run.logger.print(f"eval/accuracy on {len(run.eval_rows)} held-out prompts: start {100 * start:.1f}% "
                              f"-> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
+    except BaseException as e:
+        status = f"{'preempted' if isinstance(e, Preempted) else 'stopped'}: {type(e).__name__}: {e}"
+        raise
     finally:
         stop.restore()
+        if run.logger.enabled:  # rank 0; needs no collective, so it is written whatever stopped the run
+            run.logger.print(report.write(run.run_dir, cfg.name, status).rstrip())
+            run.logger.print(f"rlcore: summary written to {run.run_dir / 'summary.md'}")
         run.logger.close()
     return summary
 
 
-def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal) -> None:
+def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal) -> float:
     """Checkpoint every train.save_every steps, at the end, and when a signal asks the run to stop;
-    HF export every train.export_every steps and at the end. A save that fails stops the run."""
-    t, last = run.cfg.train, step == run.cfg.train.steps
+    HF export every train.export_every steps and at the end. A save that fails stops the run.
+    Returns the seconds spent saving and exporting."""
+    t, last, t_start = run.cfg.train, step == run.cfg.train.steps, time.perf_counter()
     preempted = stop.any_rank(device_type())  # collective: every rank stops after the same step
     root = run.run_dir / "checkpoints"
     try:
@@ -282,3 +290,4 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
     if preempted:
         name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
         raise Preempted(f"{name} after step {step}; checkpoint {path} written; continue with resume=auto")
+    return time.perf_counter() - t_start

@@ -43,7 +43,8 @@ class SyncStats:
 
 
 class RolloutEngine:
-    def __init__(self, cfg: Config, max_model_len: int):
+    def __init__(self, cfg: Config, max_model_len: int, kv_cache_bytes: int | None = None):
+        """kv_cache_bytes: the launch plan's KV budget per engine rank (CUDA); on CPU, rollout.cpu_kv_cache_gb."""
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
@@ -62,8 +63,9 @@ class RolloutEngine:
             logprobs_mode="processed_logprobs",
             enforce_eager=not self.cuda,
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
-            # CPU: an explicit KV-cache budget (on CUDA the utilisation fraction decides).
-            kv_cache_memory_bytes=None if self.cuda else int(cfg.rollout.cpu_kv_cache_gb * 2**30),
+            # An explicit KV-cache budget: the plan's on CUDA (without a plan, the utilisation fraction decides).
+            kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
+            int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
         )
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
