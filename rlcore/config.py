@@ -75,6 +75,9 @@ class TrainConfig:
     epochs_per_step: int = 1  # passes over each rollout batch (PPO epochs)
     mini_batches: int = 1  # optimizer steps per pass; each sees 1/mini_batches of the batch
     micro_batch_size: int = 8  # sequences per forward/backward on one rank
+    # Logits are computed, log-softmaxed and (in backward) recomputed this many tokens at a time, so at most
+    # one chunk's [tokens, vocab] fp32 tensors exist at once (rlcore.models.token_logprobs); 0 = all at once
+    logprob_chunk_tokens: int = 1024
     eval_every: int = 10  # steps between held-out evals (also before the first and after the last step)
     log_every: int = 1  # steps between progress lines
     save_every: int = 0  # steps between checkpoints (runs/<name>/checkpoints/step_<N>/); 0 = only at the end
@@ -148,6 +151,8 @@ def validate(cfg: Config, dims) -> None:
     for name, value in (("train.save_every", t.save_every), ("train.export_every", t.export_every)):
         if value < 0:
             raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
+    if t.logprob_chunk_tokens < 0:
+        raise ValueError(f"train.logprob_chunk_tokens must be >= 0 (0 = no chunking; got {t.logprob_chunk_tokens})")
 
 
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 @torch.no_grad()
 def forward_logprobs(run: Run, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     dev, mbs = device_type(), run.cfg.train.micro_batch_size
-    out = [models.token_logprobs(model, batch.input_ids[i:i + mbs].to(dev),
-                                 batch.attention_mask[i:i + mbs].to(dev), run.cfg.rollout.temperature).cpu()
+    out = [models.token_logprobs(model, batch.input_ids[i:i + mbs].to(dev), batch.attention_mask[i:i + mbs].to(dev),
+                                 run.cfg.rollout.temperature, chunk_tokens=run.cfg.train.logprob_chunk_tokens).cpu()
            for i in range(0, len(batch), mbs)]
     return torch.cat(out)  # [B, T]
 
@@ -53,7 +53,8 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
             for i in range(0, len(mini), cfg.train.micro_batch_size):
                 micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)
                 logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
-                                                          cfg.rollout.temperature, with_entropy=True)
+                                                          cfg.rollout.temperature, with_entropy=True,
+                                                          chunk_tokens=cfg.train.logprob_chunk_tokens)
                 loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                 loss.backward()
                 loss_sum += loss.item()
