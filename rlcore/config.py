@@ -74,7 +74,10 @@ class TrainConfig:
     steps: int = 100  # RL steps (rollout + update + sync)
     epochs_per_step: int = 1  # passes over each rollout batch (PPO epochs)
     mini_batches: int = 1  # optimizer steps per pass; each sees 1/mini_batches of the batch
-    micro_batch_size: int = 8  # sequences per forward/backward on one rank
+    micro_batch_size: int = 8  # sequences per forward/backward on one rank (when not packing, below)
+    # Pack whole sequences, padding stripped, into micro-batches of at most this many tokens per rank
+    # (rlcore.packing; a longer sequence runs alone); 0 = micro_batch_size padded rows per micro-batch
+    max_tokens_per_micro_batch: int = 0
     # Logits are computed, log-softmaxed and (in backward) recomputed this many tokens at a time, so at most
     # one chunk's [tokens, vocab] fp32 tensors exist at once (rlcore.models.token_logprobs); 0 = all at once
     logprob_chunk_tokens: int = 1024
@@ -153,6 +156,9 @@ def validate(cfg: Config, dims) -> None:
             raise ValueError(f"{name} must be >= 0 (0 = only at the end; got {value})")
     if t.logprob_chunk_tokens < 0:
         raise ValueError(f"train.logprob_chunk_tokens must be >= 0 (0 = no chunking; got {t.logprob_chunk_tokens})")
+    if t.max_tokens_per_micro_batch < 0:
+        raise ValueError(f"train.max_tokens_per_micro_batch must be >= 0 (0 = fixed-size micro-batches; got "
+                         f"{t.max_tokens_per_micro_batch})")
 
 
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).

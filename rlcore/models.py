@@ -252,14 +252,18 @@ def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attenti
     return seen[0]
 
 
-def token_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def token_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The critic's V before each next token, aligned with logprobs: values[:, t] scores the state that
-    produced input_ids[:, t + 1]. Returns [B, T=L-1]."""
-    return critic(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, 0].float()
+    produced input_ids[:, t + 1]. Returns [B, T=L-1]. position_ids (with attention_mask None): packed rows."""
+    return critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).logits[:, :-1, 0].float()
 
 
-def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-    """One scalar per right-padded sequence [B]: the classifier's logit at its last real token.
+def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    position_ids: torch.Tensor | None = None, last: torch.Tensor | None = None):
+    """One scalar per right-padded sequence [B]: the classifier's logit at its last real token. A packed
+    row (input_ids [1, N], position_ids, attention_mask None) gives one per sequence, read at `last` [b].
 
     The model's own pooling finds that token from pad_token_id, which picks the wrong one when the pad id is
     also the EOS a response ends with; so the per-token logits are read off the `score` head instead (the
@@ -267,11 +271,14 @@ def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, atte
     seen = []
     handle = reward_model.score.register_forward_hook(lambda module, args, out: seen.append(out))
     try:
-        reward_model(input_ids=input_ids, attention_mask=attention_mask)
+        reward_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     finally:
         handle.remove()
+    scores = seen[0][..., 0].float()  # [B, L]
+    if last is not None:
+        return scores[0, last]  # [b]
     last = attention_mask.sum(-1) - 1  # [B]
-    return seen[0][torch.arange(len(last)), last, 0].float()  # [B]
+    return scores[torch.arange(len(last)), last]  # [B]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
