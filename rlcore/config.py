@@ -169,5 +169,7 @@ def validate(cfg: Config, dims) -> None:
 #   loss(batch, logprobs, norm) -> (loss, metrics)          see rlcore.objectives.PolicyLoss
 #   value_loss(batch, values, norm) -> (loss, metrics)      only with needs_critic
 #   dynamic_sampling: int (optional, default 0)    extra draw rounds to replace groups with all-equal rewards
+#   advantages_use_old_logprobs: bool (optional, default False)   advantages read batch.old_logprobs, so an
+#                                                  on-policy step still computes them in a separate pass
 Algorithm = Any
 RewardFn = Callable[..., list[float]]

@@ -3,7 +3,7 @@ and the optimizer steps (epochs x mini-batches x micro-batches, with the non-fin
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -63,10 +63,28 @@ def values_forward(run: Run):
     return lambda ids, mask, positions: models.token_values(run.critic, ids, mask, positions)
 
 
-def update(run: Run, batch: Batch) -> dict[str, float]:
+def takes_old_logprobs(cfg) -> bool:
+    """On-policy (one optimizer step per rollout batch): the update's own forward, before its only step,
+    computes exactly the old logprobs, so `update` can fill them in and no separate pass is needed. Not when
+    the advantages read them (an algorithm's optional `advantages_use_old_logprobs`, e.g. a KL penalty)."""
+    return cfg.train.epochs_per_step == 1 and cfg.train.mini_batches == 1 and \
+        not getattr(cfg.algorithm, "advantages_use_old_logprobs", False)
+
+
+def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None) -> dict[str, float]:
     """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches.
-    The critic (when there is one) takes its own optimizer step on the same micro-batches."""
+    The critic (when there is one) takes its own optimizer step on the same micro-batches.
+
+    batch.old_logprobs None (only with takes_old_logprobs): they are the update's own logprobs, detached,
+    written into the batch. `before_step` runs before each optimizer step (e.g. to check those logprobs
+    before the step changes any weight)."""
     cfg, dev = run.cfg, device_type()
+    fill = batch.old_logprobs is None
+    if fill:
+        if not takes_old_logprobs(cfg):
+            raise ValueError("batch.old_logprobs is missing: only an on-policy update (1 epoch, 1 mini-batch) "
+                             "computes them itself")
+        batch.old_logprobs = torch.zeros(batch.loss_mask.shape)  # [B, T]
     rows = len(batch) // cfg.train.mini_batches
     sums: dict[str, float] = {}
     grad_norms, value_grad_norms, applied, skipped = [], [], 0, False
@@ -85,6 +103,9 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
                 if micro is None:  # a dummy: the same passes as a real micro-batch, a loss of 0
                     loss, metrics = logprobs.sum() * 0, {}
                 else:
+                    if fill:  # one mini-batch: `index` indexes the whole batch
+                        micro.old_logprobs = logprobs.detach()
+                        batch.old_logprobs[index] = micro.old_logprobs.cpu()
                     loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
                     metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 loss.backward()
@@ -98,6 +119,8 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
                     metrics |= value_metrics
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
+            if before_step is not None:
+                before_step()
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
             if run.critic is not None:
                 value_grad_norms.append(models.clip_grad_norm(run.critic, cfg.critic.optim.max_grad_norm))

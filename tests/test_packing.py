@@ -140,17 +140,26 @@ def test_token_budget_is_validated():
         validate(cfg, ParallelDims(2, 1))
 
 
-def test_two_ranks_of_different_lengths_pack_like_padded(tiny_models, tmp_path):
+@pytest.fixture(scope="module")
+def update_worker(tiny_models, tmp_path_factory) -> dict:
+    """One run of tests/workers/update_worker.py on 2 gloo ranks (about 15 s), for the two tests below."""
+    out = tmp_path_factory.mktemp("update") / "update.json"
+    proc = torchrun(WORKERS / "update_worker.py", tiny_models["qwen2"], out, nproc=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_two_ranks_of_different_lengths_pack_like_padded(update_worker):
     """2 FSDP2 ranks, rank 0 with 8-30-token sequences and rank 1 with 3-6, budgets 16 (below rank 0's
-    longest) and 40 vs padded micro-batches of 2 rows (tests/workers/packing_worker.py): both ranks run the
+    longest) and 40 vs padded micro-batches of 2 rows (tests/workers/update_worker.py): both ranks run the
     same number of forward passes although rank 1 packs fewer micro-batches (so it ran dummies), and finish;
     old logprobs and values agree to 1e-5; a PPO update (2 mini-batches, so 2 optimizer steps, temperature
     0.9, chunked logprobs) gives the padded path's policy and critic gradients (1e-5 relative to each
-    tensor's largest entry) and metrics for every aggregation mode."""
-    out = tmp_path / "packing.json"
-    proc = torchrun(WORKERS / "packing_worker.py", tiny_models["qwen2"], out, nproc=2)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    r = json.loads(out.read_text())
+    tensor's largest entry) and metrics for every aggregation mode.
+
+    On-policy (1 mini-batch), padded and packed, the same worker checks the update that computes the old
+    logprobs itself (update.takes_old_logprobs): see test_on_policy_update_takes_its_own_old_logprobs."""
+    r = update_worker
     for budget in (16, 40):
         # rank 1 packs fewer micro-batches, so it must run dummies to keep in step
         assert r[f"{budget}/packs/rank1"] < r[f"{budget}/packs/rank0"]
@@ -167,3 +176,17 @@ def test_two_ranks_of_different_lengths_pack_like_padded(tiny_models, tmp_path):
             assert passes[0] == passes[1] == sum(r[f"{budget}/mini_packs/rank0"])
             for key in ("policy_grad", "critic_grad", "metrics"):
                 assert r[f"{agg}/{budget}/{key}"] < 1e-5, (agg, budget, key, r[f"{agg}/{budget}/{key}"])
+
+
+def test_on_policy_update_takes_its_own_old_logprobs(update_worker):
+    """The second half of tests/workers/update_worker.py, 2 ranks, padded and packed (budget 16): an
+    on-policy update given batch.old_logprobs=None fills them from its own forward, equal (1e-6) to a
+    separate forward_logprobs pass; its before_step hook (the trainer's sync check) sees them while no
+    weight has moved; the gradients of both steps and every metric equal those of the update given the
+    separate pass's old logprobs (1e-6). (The trainer-level check: tests/test_train.py's skipped sync.)"""
+    r = update_worker
+    for budget in (0, 16):
+        assert r[f"on_policy/{budget}/steps"] == 1
+        assert r[f"on_policy/{budget}/old_diff/rank0"] < 1e-6 and r[f"on_policy/{budget}/old_diff/rank1"] < 1e-6
+        assert r[f"on_policy/{budget}/moved_before_step"] == 0.0 and r[f"on_policy/{budget}/moved_after"] > 1e-4
+        assert r[f"on_policy/{budget}/grad"] < 1e-6 and r[f"on_policy/{budget}/metrics"] < 1e-6

@@ -1,14 +1,19 @@
-"""torchrun worker: token-budget packed micro-batches give the padded path's results on 2 FSDP2 ranks whose
-sequences differ widely in length (rank 0: 8-30 tokens, rank 1: 3-6), so rank 1 packs fewer micro-batches
-and has to run dummies.
+"""torchrun worker: update.py's micro-batching and old logprobs on 2 FSDP2 ranks whose sequences differ widely
+in length (rank 0: 8-30 tokens, rank 1: 3-6).
 
-    torchrun --nproc-per-node 2 tests/workers/packing_worker.py MODEL_DIR OUT_JSON
+    torchrun --nproc-per-node 2 tests/workers/update_worker.py MODEL_DIR OUT_JSON
 
-For every loss aggregation mode and the budgets in BUDGETS, from the same weights: update.update (PPO: the
-clipped policy loss with TIS weights, and the critic; 2 mini-batches, so 2 SGD steps, no clipping, each
-step's gradients recorded) and update.forward_logprobs / forward_values.
-Records the largest difference from the padded path (budget 0) and each rank's count of policy forwards.
+1. Token-budget packed micro-batches give the padded path's results; rank 1 packs fewer micro-batches and
+   has to run dummies.
+   For every loss aggregation mode and the budgets in BUDGETS, from the same weights: update.update (PPO:
+   the clipped policy loss with TIS weights, and the critic; 2 mini-batches, so 2 SGD steps, no clipping,
+   each step's gradients recorded) and update.forward_logprobs / forward_values. Records the largest
+   difference from the padded path (budget 0) and each rank's count of policy forwards.
+2. On-policy (1 mini-batch), an update that fills in the old logprobs itself gives the same gradients and
+   metrics as one given them by a separate forward_logprobs pass, padded and packed; its before_step hook
+   sees those old logprobs before any weight has changed.
 """
+import dataclasses
 import json
 import sys
 from types import SimpleNamespace
@@ -59,11 +64,11 @@ class RecordingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def new_run(budget: int, agg: str) -> SimpleNamespace:
+def new_run(budget: int, agg: str, mini_batches: int = 2) -> SimpleNamespace:
     cfg = Config(algorithm=PPO(clip_low=0.1, clip_high=0.1, loss_agg=agg, tis_cap=1.5),
                  rollout=RolloutConfig(temperature=0.9), optim=OptimConfig(max_grad_norm=0.0),
                  critic=CriticConfig(path="policy", optim=OptimConfig(max_grad_norm=0.0)),
-                 train=TrainConfig(mini_batches=2, micro_batch_size=2, max_tokens_per_micro_batch=budget,
+                 train=TrainConfig(mini_batches=mini_batches, micro_batch_size=2, max_tokens_per_micro_batch=budget,
                                    logprob_chunk_tokens=7))
     optimizer, critic_optimizer = RecordingSGD(policy.parameters()), RecordingSGD(critic.parameters())
     constant = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)  # noqa: E731
@@ -91,26 +96,33 @@ for budget in BUDGETS:  # the no-grad passes (old logprobs, values), before any 
     outputs = update.forward_logprobs(run, policy, batch), update.forward_values(run, batch)
     result[f"{budget}/forward_passes/rank{rank}"] = forwards[0]
     padded = padded or outputs
-    result[f"{budget}/forward_diff/rank{rank}"] = max((x - y)[scored].abs().max().item() for x, y in zip(outputs, padded))
+    result[f"{budget}/forward_diff/rank{rank}"] = max((x - y)[scored].abs().max().item()
+                                                      for x, y in zip(outputs, padded))
 
 for m in (policy, critic):
     m.reshard()  # the root unit stays gathered after a forward without backward: snapshot the shards
 start = {m: {n: p.detach().clone() for n, p in m.named_parameters()} for m in (policy, critic)}
+
+
+def restore():
+    with torch.no_grad():
+        for m in (policy, critic):
+            for n, p in m.named_parameters():
+                p.copy_(start[m][n])
+
+
 for agg in AGG_MODES:
     grads, metrics = {}, {}
     for budget in BUDGETS:
-        with torch.no_grad():
-            for m in (policy, critic):
-                for n, p in m.named_parameters():
-                    p.copy_(start[m][n])
+        restore()
         run = new_run(budget, agg)
         forwards[0] = 0
         metrics[budget] = update.update(run, batch)
         result[f"{agg}/{budget}/update_passes/rank{rank}"] = forwards[0]
         for name, opt in (("policy", run.optimizer), ("critic", run.critic_optimizer)):
             grads[name, budget] = opt.grads
-            result[f"{agg}/{budget}/{name}_grad"] = max(((x - y).abs().max() / y.abs().max().clamp(min=1e-3)).item()
-                                                        for x, y in zip(opt.grads, grads[name, 0]))
+            result[f"{agg}/{budget}/{name}_grad"] = max(
+                ((x - y).abs().max() / y.abs().max().clamp(min=1e-3)).item() for x, y in zip(opt.grads, grads[name, 0]))
         result[f"{agg}/{budget}/metrics"] = max(abs(metrics[budget][k] - v) / max(abs(v), 1e-3)
                                                 for k, v in metrics[0].items())
     for name in ("policy", "critic"):
@@ -120,6 +132,35 @@ for budget in BUDGETS[1:]:  # this rank's own packs: of the whole batch, and per
     result[f"{budget}/packs/rank{rank}"] = len(packing.first_fit_decreasing(lengths.tolist(), budget))
     result[f"{budget}/mini_packs/rank{rank}"] = [
         len(packing.first_fit_decreasing(lengths[i:i + 2].tolist(), budget)) for i in (0, 2)]
+
+for budget in BUDGETS[:2]:  # on-policy: old logprobs from a separate pass vs from the update's own forward
+    runs, seen = {}, {}
+    for separate in (True, False):
+        restore()
+        runs[separate] = new_run(budget, "token-mean", mini_batches=1)
+        own = dataclasses.replace(batch, old_logprobs=None)
+        if separate:
+            own.old_logprobs = update.forward_logprobs(runs[separate], policy, own)
+            for m in (policy, critic):
+                m.reshard()
+
+        def before_step(own=own):
+            seen["old"] = own.old_logprobs.clone()
+            seen["moved"] = max((p.detach() - start[policy][n]).abs().max().full_tensor().item()
+                                for n, p in policy.named_parameters())
+
+        runs[separate].metrics = update.update(runs[separate], own, before_step=before_step)
+        runs[separate].old, runs[separate].moved = seen["old"], seen["moved"]
+        runs[separate].moved_after = max((p.detach() - start[policy][n]).abs().max().full_tensor().item()
+                                         for n, p in policy.named_parameters())
+    result[f"on_policy/{budget}/old_diff/rank{rank}"] = (runs[True].old - runs[False].old)[scored].abs().max().item()
+    result[f"on_policy/{budget}/moved_before_step"] = max(runs[True].moved, runs[False].moved)
+    result[f"on_policy/{budget}/moved_after"] = min(runs[True].moved_after, runs[False].moved_after)
+    result[f"on_policy/{budget}/grad"] = max((x - y).abs().max().item() for name in ("optimizer", "critic_optimizer")
+                                             for x, y in zip(getattr(runs[True], name).grads,
+                                                             getattr(runs[False], name).grads))
+    result[f"on_policy/{budget}/metrics"] = max(abs(runs[False].metrics[k] - v) for k, v in runs[True].metrics.items())
+    result[f"on_policy/{budget}/steps"] = runs[False].metrics["optim/steps_applied"]
 
 gathered = [None, None]
 dist.all_gather_object(gathered, result)
