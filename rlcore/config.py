@@ -76,7 +76,13 @@ class TrainConfig:
     steps: int = 100  # RL steps (rollout + update + sync)
     epochs_per_step: int = 1  # passes over each rollout batch (PPO epochs)
     mini_batches: int = 1  # optimizer steps per pass; each sees 1/mini_batches of the batch
-    micro_batch_size: int = 8  # sequences per forward/backward on one rank
+    micro_batch_size: int = 8  # sequences per forward/backward on one rank (when not packing, below)
+    # Pack whole sequences, padding stripped, into micro-batches of at most this many tokens per rank
+    # (rlcore.packing; a longer sequence runs alone); 0 = micro_batch_size padded rows per micro-batch
+    max_tokens_per_micro_batch: int = 0
+    # Logits are computed, log-softmaxed and (in backward) recomputed this many tokens at a time, so at most
+    # one chunk's [tokens, vocab] fp32 tensors exist at once (rlcore.models.token_logprobs); 0 = all at once
+    logprob_chunk_tokens: int = 1024
     eval_every: int = 10  # steps between held-out evals (also before the first and after the last step)
     log_every: int = 1  # steps between progress lines
     save_every: int = 0  # steps between checkpoints (runs/<name>/checkpoints/step_<N>/); 0 = only at the end
@@ -199,7 +205,8 @@ VALID = {
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
     "train.save_every": _at_least(0), "train.keep_checkpoints": _at_least(1), "train.export_every": _at_least(0),
-    "train.max_skipped_steps": _at_least(1),
+    "train.max_skipped_steps": _at_least(1), "train.logprob_chunk_tokens": _at_least(0),
+    "train.max_tokens_per_micro_batch": _at_least(0),
 }
 
 
@@ -236,5 +243,7 @@ def check_values(cfg: Config) -> None:
 #   loss(batch, logprobs, norm) -> (loss, metrics)          see rlcore.objectives.PolicyLoss
 #   value_loss(batch, values, norm) -> (loss, metrics)      only with needs_critic
 #   dynamic_sampling: int (optional, default 0)    extra draw rounds to replace groups with all-equal rewards
+#   advantages_use_old_logprobs: bool (optional, default False)   advantages read batch.old_logprobs, so an
+#                                                  on-policy step still computes them in a separate pass
 Algorithm = Any
 RewardFn = Callable[..., list[float]]

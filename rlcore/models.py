@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from rlcore.config import CriticConfig, ModelConfig, OptimConfig
 
@@ -222,29 +223,95 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bo
     return model
 
 
-def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   temperature: float, with_entropy: bool = False):
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   temperature: float, with_entropy: bool = False, chunk_tokens: int = 0,
+                   position_ids: torch.Tensor | None = None):
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) at `temperature`, as vLLM's processed logprobs.
 
-    Returns logprobs [B, T=L-1] (and entropy [B, T] of the full next-token distribution)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, V]
-    logits = logits[:, :-1].float() / temperature
-    logp = F.log_softmax(logits, dim=-1)  # [B, T, V]
-    logprobs = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T]
+    Returns logprobs [B, T=L-1] (and entropy [B, T] of the full next-token distribution).
+    chunk_tokens > 0: the LM head, log-softmax and entropy run on that many tokens at a time, recomputed
+    per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists (a 152k vocab at 8k tokens
+    is ~22 GB unchunked); the values equal the unchunked ones up to matmul rounding. position_ids (with
+    attention_mask None) carry packed sequences (rlcore.packing)."""
+    if not chunk_tokens or not plain_lm_head(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).logits  # [B, L, V]
+        return _logprobs(logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
+    hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]  # [B, T, H]
+    B, T, H = hidden.shape
+    head = model.get_output_embeddings()
+    if isinstance(head.weight, DTensor):
+        raise RuntimeError("the LM head is still sharded after forward: token_logprobs needs the FSDP root "
+                           "unit kept gathered after forward (fully_shard's default for the root)")
+    hidden, targets = hidden.reshape(B * T, H), input_ids[:, 1:].reshape(B * T)  # [B*T, H], [B*T]
+    # Backward recomputes each chunk's logits instead of keeping them (only with a gradient to compute).
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    outs = []
+    for s in range(0, max(B * T, 1), chunk_tokens):  # one (empty) chunk when there is no next token
+        args = (head, hidden[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, with_entropy)
+        outs.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if recompute else _head_logprobs(*args))
+    if not with_entropy:
+        return torch.cat(outs).view(B, T)
+    return torch.cat([o[0] for o in outs]).view(B, T), torch.cat([o[1] for o in outs]).view(B, T)
+
+
+def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   with_entropy: bool):
+    """One chunk: hidden [N, H] -> logits [N, V] -> logprobs of targets [N] (and entropy [N])."""
+    return _logprobs(head(hidden), targets, temperature, with_entropy)
+
+
+def _logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """logits [..., V] of the next token, targets [...] -> logprobs [...] (and entropy [...])."""
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
+    logprobs = logp.gather(-1, targets[..., None]).squeeze(-1)  # [...]
     if not with_entropy:
         return logprobs
-    entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
-    return logprobs, entropy
+    return logprobs, -(logp.exp() * logp).sum(-1)
 
 
-def token_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+# Config fields of architectures whose logits are more than the LM head's output (soft-capped or scaled):
+# token_logprobs computes those through the model's own forward, unchunked.
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+
+
+def plain_lm_head(model: torch.nn.Module) -> bool:
+    """Are the model's logits exactly its output embedding applied to its decoder's last hidden state?"""
+    config = model.config.get_text_config()
+    return model.get_output_embeddings() is not None and \
+        not any(getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_TRANSFORMS)
+
+
+def final_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                        position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """The decoder's last hidden state [B, L, H] (after the final norm), through the model's own forward.
+
+    The whole model runs (logits of the last position only), not its decoder alone: under FSDP2 the
+    embedding, final norm and LM head belong to the root unit, which is gathered by the root's forward and
+    whose gradients are reduced by the root's backward hooks; the root stays gathered after forward, so the
+    caller can apply the head. use_cache=False: with a cache, sdpa and eager attention ignore packing."""
+    seen = []
+    handle = model.get_decoder().register_forward_hook(lambda module, args, out: seen.append(out.last_hidden_state))
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+              logits_to_keep=1)
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def token_values(critic: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """The critic's V before each next token, aligned with logprobs: values[:, t] scores the state that
-    produced input_ids[:, t + 1]. Returns [B, T=L-1]."""
-    return critic(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1, 0].float()
+    produced input_ids[:, t + 1]. Returns [B, T=L-1]. position_ids (with attention_mask None): packed rows."""
+    return critic(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False).logits[:, :-1, 0].float()
 
 
-def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-    """One scalar per right-padded sequence [B]: the classifier's logit at its last real token.
+def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                    position_ids: torch.Tensor | None = None, last: torch.Tensor | None = None):
+    """One scalar per right-padded sequence [B]: the classifier's logit at its last real token. A packed
+    row (input_ids [1, N], position_ids, attention_mask None) gives one per sequence, read at `last` [b].
 
     The model's own pooling finds that token from pad_token_id, which picks the wrong one when the pad id is
     also the EOS a response ends with; so the per-token logits are read off the `score` head instead (the
@@ -252,11 +319,14 @@ def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, atte
     seen = []
     handle = reward_model.score.register_forward_hook(lambda module, args, out: seen.append(out))
     try:
-        reward_model(input_ids=input_ids, attention_mask=attention_mask)
+        reward_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     finally:
         handle.remove()
+    scores = seen[0][..., 0].float()  # [B, L]
+    if last is not None:
+        return scores[0, last]  # [b]
     last = attention_mask.sum(-1) - 1  # [B]
-    return seen[0][torch.arange(len(last)), last, 0].float()  # [B]
+    return scores[torch.arange(len(last)), last]  # [B]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):

@@ -29,7 +29,8 @@ Train bar, bytes per GPU:
                  unsharded gradient is reduced in fp32
   activations    T * b_c/2 * L*(10h + 4*n_kv*d + 8I) bytes without activation checkpointing,
                  T * b_c/2 * (2h*L + 10h + 4*n_kv*d + 8I) with it (each layer's input kept, one layer live)
-  logits         T * V * (b_c + 16): the [T, V] logits in b_c and four fp32 [T, V] tensors that
+  logits         C * V * (b_c + 16), C = min(T, train.logprob_chunk_tokens) (T when 0): a chunk's logits in
+                 b_c and four fp32 [C, V] tensors that
                  models.token_logprobs materialises (cast / temperature, log_softmax, exp for the entropy,
                  the gradient)
   engine         0 while it sleeps (CUDA with sleep_while_training), else its whole budget (below)
@@ -301,6 +302,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
             resident.append((f"{x.role} params, frozen ({m.dtype}, /{world})", b_m * x.params / world))
     big = max((x for x in models if x.trained), key=lambda x: x.params).shapes
     gathered = b_c * (2 * big.root + 2 * big.layer) + 4 * big.layer
+    rows = min(tokens, t.logprob_chunk_tokens) if t.logprob_chunk_tokens else tokens  # logits rows held at once
     act = big.activation_bytes_per_token(m.activation_checkpointing, b_c)
     other = big.activation_bytes_per_token(not m.activation_checkpointing, b_c)
 
@@ -320,7 +322,9 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
         (f"gathered units (root + 2 layers) + unsharded grads", gathered),
         (f"activations (checkpointing {'on' if m.activation_checkpointing else 'off'}; "
          f"{tokens * other / GB:.1f} GB {'off' if m.activation_checkpointing else 'on'})", tokens * act),
-        (f"logits + fp32 log-softmax copies [{tokens}, {actor.vocab}]", tokens * actor.vocab * (b_c + 16)),
+        (f"logits + fp32 log-softmax copies [{rows}, {actor.vocab}]"
+         + (f" (chunks of train.logprob_chunk_tokens={t.logprob_chunk_tokens})" if rows < tokens else ""),
+         rows * actor.vocab * (b_c + 16)),
     ] + ([] if asleep else engine), (1 - MARGIN) * memory, 1 if cuda else nproc)
     generation = Bar("generation", resident + engine, (1 - MARGIN) * memory, 1 if cuda else nproc,
                      kv_short=seq * kv_per_token - kv)
@@ -335,6 +339,7 @@ def _levers(plan: Plan, bar: str) -> list[tuple[str, float, bool]]:
     cuda, before = plan.device == "cuda", getattr(plan, bar).short
     frozen = any(not x.trained for x in plan.models)
     ladders = {
+        "train.logprob_chunk_tokens": [1024] if not cfg.train.logprob_chunk_tokens else [],
         "train.micro_batch_size": [cfg.train.micro_batch_size >> i for i in range(1, 8)
                                    if cfg.train.micro_batch_size >> i],
         "model.activation_checkpointing": [True] if not m.activation_checkpointing else [],

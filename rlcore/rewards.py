@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rlcore import models
+from rlcore import models, packing
 from rlcore.collectives import agree
 from rlcore.errors import describe
 from rlcore.parallel import device_type
@@ -220,11 +220,20 @@ def reward_model_scores(run: Run, rm: RewardModel, prompts: list[str], completio
         ids = [x["input_ids"] if hasattr(x, "keys") else x for x in ids]
     else:
         ids = [rm.tokenizer(p + c).input_ids for p, c in zip(prompts, completions)]
-    dev, mbs, out = device_type(), run.cfg.train.micro_batch_size, []
-    for i in range(0, len(ids), mbs):
-        chunk = ids[i:i + mbs]
+    dev, t, pad = device_type(), run.cfg.train, rm.tokenizer.pad_token_id or 0
+    out = torch.zeros(len(ids))  # [B]
+    for index in packing.micro_batches([len(x) for x in ids], t.micro_batch_size, t.max_tokens_per_micro_batch):
+        if index is None:  # a dummy: this rank runs as many forwards as the others (FSDP2)
+            d = packing.dummy(dev)
+            models.sequence_scores(rm.model, d.input_ids, None, d.position_ids, last=d.last)
+            continue
+        chunk = [ids[i] for i in index]
         L = max(map(len, chunk))
-        input_ids = torch.tensor([x + [(rm.tokenizer.pad_token_id or 0)] * (L - len(x)) for x in chunk], device=dev)
+        input_ids = torch.tensor([x + [pad] * (L - len(x)) for x in chunk], device=dev)
         attention_mask = torch.tensor([[1] * len(x) + [0] * (L - len(x)) for x in chunk], device=dev)
-        out.append(models.sequence_scores(rm.model, input_ids, attention_mask).cpu())
-    return torch.cat(out)
+        if t.max_tokens_per_micro_batch:
+            p = packing.pack(input_ids, attention_mask)
+            out[index] = models.sequence_scores(rm.model, p.input_ids, None, p.position_ids, last=p.last).cpu()
+        else:
+            out[index] = models.sequence_scores(rm.model, input_ids, attention_mask).cpu()
+    return out

@@ -168,24 +168,33 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     reset_peak_memory()
 
     t = time.perf_counter()
-    batch.old_logprobs = update.forward_logprobs(run, run.policy, batch)
+    # On-policy, the update's own forward gives the old logprobs and the check runs before its step.
+    separate = not update.takes_old_logprobs(cfg)
+    if separate:
+        batch.old_logprobs = update.forward_logprobs(run, run.policy, batch)
     if run.reference is not None:
         batch.ref_logprobs = update.forward_logprobs(run, run.reference, batch)
     if run.critic is not None:
         batch.values = update.forward_values(run, batch)
-    # The engine sampled with the weights the trainer holds now: any gap is a broken sync.
-    diff = (batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask
-    diff_sum, tokens = all_sum(diff.sum().item(), batch.loss_mask.sum().item())
-    diff_max = all_max(diff.max().item())
+    checked = {}
+
+    def check_sync() -> None:
+        # The engine sampled with the weights the trainer holds now: any gap is a broken sync.
+        diff = (batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask
+        checked["sum"], checked["tokens"] = all_sum(diff.sum().item(), batch.loss_mask.sum().item())
+        checked["max"] = all_max(diff.max().item())
+        if checked["max"] > cfg.rollout.logprob_diff_threshold:
+            raise RunError(f"rollout/logprob_diff_max={checked['max']:.3g} exceeds rollout.logprob_diff_threshold="
+                           f"{cfg.rollout.logprob_diff_threshold:g} at step {step}: the inference engine holds "
+                           f"stale or corrupted weights (weight sync failed)")
+
+    if separate:
+        check_sync()
     t_logprobs = time.perf_counter() - t
-    if diff_max > cfg.rollout.logprob_diff_threshold:
-        raise RunError(f"rollout/logprob_diff_max={diff_max:.3g} exceeds rollout.logprob_diff_threshold="
-                       f"{cfg.rollout.logprob_diff_threshold:g} at step {step}: the inference engine holds "
-                       f"stale or corrupted weights (weight sync failed)")
 
     t = time.perf_counter()
     batch.advantages, advantage_metrics = cfg.algorithm.advantages(batch, reduce_sum)
-    metrics |= advantage_metrics | update.update(run, batch)
+    metrics |= advantage_metrics | update.update(run, batch, before_step=None if separate else check_sync)
     t_train = time.perf_counter() - t
 
     # A step with nothing applied left the policy as the engine already holds it: no sync.
@@ -193,8 +202,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {
         "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
-        "rollout/logprob_diff_mean": diff_sum / max(tokens, 1.0),
-        "rollout/logprob_diff_max": diff_max,
+        "rollout/logprob_diff_mean": checked["sum"] / max(checked["tokens"], 1.0),
+        "rollout/logprob_diff_max": checked["max"],
         "time/logprobs_s": t_logprobs, "time/train_s": t_train, "time/sync_s": stats.seconds,
         "time/step_s": time.perf_counter() - t_step,
         "throughput/train_tok_s": length / max(t_train, 1e-9),

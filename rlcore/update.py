@@ -3,11 +3,11 @@ and the optimizer steps (epochs x mini-batches x micro-batches, with the non-fin
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rlcore import models
+from rlcore import models, packing
 from rlcore.batch import Batch, Normaliser
 from rlcore.collectives import all_sum
 from rlcore.objectives import local_normaliser
@@ -19,25 +19,72 @@ if TYPE_CHECKING:
 
 @torch.no_grad()
 def forward_logprobs(run: Run, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    dev, mbs = device_type(), run.cfg.train.micro_batch_size
-    out = [models.token_logprobs(model, batch.input_ids[i:i + mbs].to(dev),
-                                 batch.attention_mask[i:i + mbs].to(dev), run.cfg.rollout.temperature).cpu()
-           for i in range(0, len(batch), mbs)]
-    return torch.cat(out)  # [B, T]
+    return forward_all(run, batch, logprobs_forward(run, model))  # [B, T]
 
 
 @torch.no_grad()
 def forward_values(run: Run, batch: Batch) -> torch.Tensor:
-    dev, mbs = device_type(), run.cfg.train.micro_batch_size
-    out = [models.token_values(run.critic, batch.input_ids[i:i + mbs].to(dev),
-                               batch.attention_mask[i:i + mbs].to(dev)).cpu() for i in range(0, len(batch), mbs)]
-    return torch.cat(out) * batch.loss_mask  # [B, T]
+    return forward_all(run, batch, values_forward(run)) * batch.loss_mask  # [B, T]
 
 
-def update(run: Run, batch: Batch) -> dict[str, float]:
+def forward_all(run: Run, batch: Batch, forward) -> torch.Tensor:
+    """One per-token output [B, T] for the whole batch, a micro-batch at a time."""
+    out = torch.zeros(batch.loss_mask.shape)  # [B, T]
+    for rows in micro_batches(run, batch):
+        result = per_token(run, batch.select(rows).to(device_type()) if rows is not None else None, forward)
+        if rows is not None:
+            out[rows] = result.cpu()
+    return out
+
+
+def micro_batches(run: Run, batch: Batch) -> list[torch.Tensor | None]:
+    t = run.cfg.train
+    return packing.micro_batches(batch.attention_mask.sum(-1).tolist(), t.micro_batch_size,
+                                 t.max_tokens_per_micro_batch)
+
+
+def per_token(run: Run, micro: Batch | None, forward):
+    """forward(input_ids, attention_mask, position_ids) -> per-token outputs [b, T] (or a tuple of them) for
+    the micro-batch's rows: run on the padded rows, or on their packed row (a dummy's, unpacking to no
+    rows, when micro is None)."""
+    if not run.cfg.train.max_tokens_per_micro_batch:
+        return forward(micro.input_ids, micro.attention_mask, None)
+    packed = packing.dummy(device_type()) if micro is None else packing.pack(micro.input_ids, micro.attention_mask)
+    return packed.unpack(forward(packed.input_ids, None, packed.position_ids))
+
+
+def logprobs_forward(run: Run, model: torch.nn.Module, with_entropy: bool = False):
+    cfg = run.cfg
+    return lambda ids, mask, positions: models.token_logprobs(
+        model, ids, mask, cfg.rollout.temperature, with_entropy, cfg.train.logprob_chunk_tokens, positions)
+
+
+def values_forward(run: Run):
+    return lambda ids, mask, positions: models.token_values(run.critic, ids, mask, positions)
+
+
+def takes_old_logprobs(cfg) -> bool:
+    """On-policy (one optimizer step per rollout batch): the update's own forward, before its only step,
+    computes exactly the old logprobs, so `update` can fill them in and no separate pass is needed. Not when
+    the advantages read them (an algorithm's optional `advantages_use_old_logprobs`, e.g. a KL penalty)."""
+    return cfg.train.epochs_per_step == 1 and cfg.train.mini_batches == 1 and \
+        not getattr(cfg.algorithm, "advantages_use_old_logprobs", False)
+
+
+def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None) -> dict[str, float]:
     """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches.
-    The critic (when there is one) takes its own optimizer step on the same micro-batches."""
+    The critic (when there is one) takes its own optimizer step on the same micro-batches.
+
+    batch.old_logprobs None (only with takes_old_logprobs): they are the update's own logprobs, detached,
+    written into the batch. `before_step` runs before each optimizer step (e.g. to check those logprobs
+    before the step changes any weight)."""
     cfg, dev = run.cfg, device_type()
+    fill = batch.old_logprobs is None
+    if fill:
+        if not takes_old_logprobs(cfg):
+            raise ValueError("batch.old_logprobs is missing: only an on-policy update (1 epoch, 1 mini-batch) "
+                             "computes them itself")
+        batch.old_logprobs = torch.zeros(batch.loss_mask.shape)  # [B, T]
     rows = len(batch) // cfg.train.mini_batches
     sums: dict[str, float] = {}
     grad_norms, value_grad_norms, applied, skipped = [], [], 0, False
@@ -50,22 +97,30 @@ def update(run: Run, batch: Batch) -> dict[str, float]:
             tokens, sequences = all_sum(local.tokens, local.sequences)  # ...and over every rank
             norm = Normaliser(tokens, sequences, max_len=batch.max_model_tokens)
             loss_sum = 0.0
-            for i in range(0, len(mini), cfg.train.micro_batch_size):
-                micro = mini.rows(i, i + cfg.train.micro_batch_size).to(dev)
-                logprobs, entropy = models.token_logprobs(run.policy, micro.input_ids, micro.attention_mask,
-                                                          cfg.rollout.temperature, with_entropy=True)
-                loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
+            for index in micro_batches(run, mini):
+                micro = mini.select(index).to(dev) if index is not None else None
+                logprobs, entropy = per_token(run, micro, logprobs_forward(run, run.policy, with_entropy=True))
+                if micro is None:  # a dummy: the same passes as a real micro-batch, a loss of 0
+                    loss, metrics = logprobs.sum() * 0, {}
+                else:
+                    if fill:  # one mini-batch: `index` indexes the whole batch
+                        micro.old_logprobs = logprobs.detach()
+                        batch.old_logprobs[index] = micro.old_logprobs.cpu()
+                    loss, metrics = cfg.algorithm.loss(micro, logprobs, norm)
+                    metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 loss.backward()
                 loss_sum += loss.item()
-                metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 if run.critic is not None:
-                    values = models.token_values(run.critic, micro.input_ids, micro.attention_mask)
-                    value_loss, value_metrics = cfg.algorithm.value_loss(micro, values, norm)
+                    values = per_token(run, micro, values_forward(run))
+                    value_loss, value_metrics = (values.sum() * 0, {}) if micro is None else \
+                        cfg.algorithm.value_loss(micro, values, norm)
                     value_loss.backward()
                     loss_sum += value_loss.item()
                     metrics |= value_metrics
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
+            if before_step is not None:
+                before_step()
             grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
             if run.critic is not None:
                 value_grad_norms.append(models.clip_grad_norm(run.critic, cfg.critic.optim.max_grad_norm))

@@ -10,12 +10,14 @@ from rlcore.objectives import AGG_MODES
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_fsdp_gradient_equals_full_batch_gradient(tiny_models, tmp_path, ranks):
     """The same 8-sequence batch over `ranks` ranks x 1, 2 and 4 micro-batches gives the single-process
-    full-batch gradient to 1e-6, for all four aggregation modes (the clipped loss with TIS weights)."""
+    full-batch gradient to 1e-6, for all four aggregation modes (the clipped loss with TIS weights), with the
+    sharded policy's logprobs unchunked and chunked (models.token_logprobs applies the root unit's LM head
+    outside the model's forward: its gradient must still be reduced)."""
     out = tmp_path / "grad.json"
     proc = torchrun(WORKERS / "fsdp_grad_worker.py", tiny_models["qwen2"], out, nproc=ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     for agg in AGG_MODES:
         assert r[f"{agg}/grad_scale"] > 1e-3  # a real gradient, so a halved or doubled one would show
-        for micro in (1, 2, 4):
-            assert r[f"{agg}/{micro}"] < 1e-6, (agg, micro, r[f"{agg}/{micro}"])
+        for key in [f"{agg}/{micro}{chunked}" for micro in (1, 2, 4) for chunked in ("", "/chunked")]:
+            assert r[key] < 1e-6, (key, r[key])

@@ -97,10 +97,14 @@ def test_qwen_counts_by_hand(tmp_path, config, params, kv_tp1):
 def test_grpo_fits_on_8_gpus_of_80gb(tmp_path):
     p = grpo_plan(tmp_path, QWEN25_1P5B)
     assert p.fits and p.levers == {} and p.error() == ""
-    # micro-batch 8 x (512 + 1024) = 12288 tokens; logits 12288 * 151936 * (2 + 16) bytes dominate
+    # micro-batch 8 x (512 + 1024) = 12288 tokens; logits in chunks of 1024 tokens: 1024 * 151936 * (2 + 16)
     assert p.micro_tokens == 12288
-    assert part(p.train, "logits") == 12288 * 151936 * 18
-    assert p.train.total / GB == pytest.approx(38.1, abs=0.1)
+    assert part(p.train, "logits") == 1024 * 151936 * 18
+    assert p.train.total / GB == pytest.approx(38.1 - 11 * 1024 * 151936 * 18 / GB, abs=0.1)
+    # unchunked, all 12288 tokens' logits are held at once: 28.6 GB more
+    whole = grpo_plan(tmp_path, QWEN25_1P5B, "train.logprob_chunk_tokens=0")
+    assert part(whole.train, "logits") == 12288 * 151936 * 18
+    assert whole.train.total / GB == pytest.approx(38.1, abs=0.1)
     assert p.generation.total / GB == pytest.approx(34.9, abs=0.1)  # 0.4 * 80 GB engine + trainer state
     assert p.kv_per_token == 14336  # tp=2: one KV head per rank
     text = p.render()

@@ -106,6 +106,10 @@ class PPO(PolicyLoss):
     def needs_reference(self) -> bool:
         return self.kl_coef > 0 or self.kl_penalty > 0
 
+    @property
+    def advantages_use_old_logprobs(self) -> bool:
+        return self.kl_penalty > 0  # the KL penalty in the reward
+
     def advantages(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, dict]:
         """GAE on KL-penalised token rewards; sets batch.returns (the critic's targets)."""
         mask = batch.loss_mask

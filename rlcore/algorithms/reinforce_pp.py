@@ -66,6 +66,10 @@ class ReinforcePP(PolicyLoss):
     def needs_reference(self) -> bool:
         return self.kl_coef > 0 or self.kl_penalty > 0
 
+    @property
+    def advantages_use_old_logprobs(self) -> bool:
+        return self.kl_penalty > 0  # the KL penalty in the reward
+
     def advantages(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, dict]:
         rewards = batch.rewards.float()  # [B]
         if self.baseline:

@@ -1,5 +1,5 @@
 """torchrun worker: FSDP2's gradient over R ranks x M micro-batches equals one process's full-batch gradient,
-for every loss aggregation mode and M in 1, 2, 4.
+for every loss aggregation mode and M in 1, 2, 4, with logprobs computed at once and in chunks.
 
     torchrun --nproc-per-node R tests/workers/fsdp_grad_worker.py MODEL_DIR OUT_JSON
 
@@ -35,20 +35,21 @@ batch = Batch(input_ids=ids, attention_mask=torch.ones_like(ids), loss_mask=mask
               old_logprobs=-torch.rand(B, L - 1, generator=g), advantages=torch.randn(B, L - 1, generator=g))
 
 
-def loss_of(model, rows: Batch, norm, agg):
-    logprobs = models.token_logprobs(model, rows.input_ids, rows.attention_mask, 1.0)
+def loss_of(model, rows: Batch, norm, agg, chunk=0):
+    logprobs = models.token_logprobs(model, rows.input_ids, rows.attention_mask, 1.0, chunk_tokens=chunk)
     # clip 0.1 and a TIS cap keep clipped and truncated tokens in play
     return PolicyLoss(clip_low=0.1, clip_high=0.1, loss_agg=agg, tis_cap=1.5).loss(rows, logprobs, norm)[0]
 
 
 result = {}
+CHUNKED = 5  # models.token_logprobs chunk size on the sharded policy: 5 does not divide its 2 x 9 tokens
 for agg in AGG_MODES:
     reference.zero_grad(set_to_none=True)
     policy.zero_grad(set_to_none=True)
     full = local_normaliser(mask)
     full.max_len = L - 1
     loss_of(reference, batch, full, agg).backward()  # one process, the whole batch
-    for micro in (1, 2, 4):
+    for micro, chunk in [(m, c) for m in (1, 2, 4) for c in (0, CHUNKED)]:
         policy.zero_grad(set_to_none=True)
         per_rank = B // world
         mine = batch.rows(rank * per_rank, (rank + 1) * per_rank)
@@ -58,11 +59,11 @@ for agg in AGG_MODES:
         dist.all_reduce(t)
         norm = Normaliser(*t.tolist(), max_len=L - 1)
         for start in range(0, per_rank, size):
-            loss_of(policy, mine.rows(start, start + size), norm, agg).backward()
+            loss_of(policy, mine.rows(start, start + size), norm, agg, chunk).backward()
         worst = 0.0
         for (name, p), (_, q) in zip(reference.named_parameters(), policy.named_parameters()):
             worst = max(worst, (p.grad - q.grad.full_tensor()).abs().max().item())
-        result[f"{agg}/{micro}"] = worst
+        result[f"{agg}/{micro}" + ("/chunked" if chunk else "")] = worst
     result[f"{agg}/grad_scale"] = reference.lm_head.weight.grad.abs().max().item()
 if rank == 0:
     json.dump(result, open(out, "w"))

@@ -1,0 +1,102 @@
+"""Chunked logprobs (models.token_logprobs with chunk_tokens > 0) equal the unchunked ones: values, entropy and
+gradients, on the tiny Qwen2 in fp32. The two-rank FSDP2 case is in tests/test_fsdp.py."""
+import pytest
+import torch
+
+from rlcore import models, tiny
+
+B, L = 3, 11  # 3 x 10 = 30 predicted tokens
+
+
+def tiny_lm(tied: bool = False, dtype=torch.float32) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    config = tiny.tiny_config("qwen2")
+    config.tie_word_embeddings = tied
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, tiny.VOCAB_SIZE, (B, L), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0  # a right-padded row
+    weights = torch.randn(B, L - 1, generator=g, dtype=torch.float64)  # a loss weighing every token differently
+    return ids, mask, weights
+
+
+def run(model, chunk: int, temperature: float):
+    """logprobs, entropy and the gradient of a weighted sum of both w.r.t. every parameter."""
+    ids, mask, w = inputs()
+    model.zero_grad(set_to_none=True)
+    logprobs, entropy = models.token_logprobs(model, ids, mask, temperature, with_entropy=True, chunk_tokens=chunk)
+    ((logprobs * w.to(logprobs.dtype)).sum() + (entropy * w.flip(-1).to(logprobs.dtype)).sum()).backward()
+    return logprobs.detach(), entropy.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_equals_unchunked_with_gradients(tied, dtype):
+    """To 1e-6 in fp32 (gradients relative to their largest entry, ~8 here: the chunks only reorder the
+    head's gradient sum, a few ulps); to 1e-12 in fp64, which shows the difference is rounding alone."""
+    tol = 1e-6 if dtype == torch.float32 else 1e-12
+    model = tiny_lm(tied, dtype)
+    for temperature in (1.0, 0.7):
+        ref_lp, ref_ent, ref_grads = run(model, 0, temperature)
+        assert ref_lp.shape == ref_ent.shape == (B, L - 1)
+        assert ref_grads["model.embed_tokens.weight"].abs().max() > 1  # a real gradient, so errors would show
+        for chunk in (1, 5, 7, 30, 1000):  # 7 does not divide the 30 tokens; 1000 is one chunk
+            lp, ent, grads = run(model, chunk, temperature)
+            assert (lp - ref_lp).abs().max() < tol, (chunk, temperature)
+            assert (ent - ref_ent).abs().max() < tol, (chunk, temperature)
+            for name, g in ref_grads.items():
+                err = ((grads[name] - g).abs().max() / g.abs().max().clamp(min=1)).item()
+                assert err < tol, (chunk, temperature, name, err)
+
+
+def test_temperature_changes_the_values():
+    """The check above compares like with like; this one makes sure the temperature reaches both paths."""
+    model = tiny_lm()
+    hot, cold = run(model, 7, 1.0)[0], run(model, 7, 0.5)[0]
+    assert (hot - cold).abs().max() > 1e-2
+
+
+def test_no_grad_chunked_matches_and_keeps_no_graph():
+    model = tiny_lm()
+    ids, mask, _ = inputs()
+    with torch.no_grad():
+        ref = models.token_logprobs(model, ids, mask, 0.9)
+        out = models.token_logprobs(model, ids, mask, 0.9, chunk_tokens=4)
+    assert not out.requires_grad
+    assert (out - ref).abs().max() < 1e-6
+
+
+def test_chunked_holds_one_chunk_of_logits():
+    """The head only ever sees chunk-sized inputs (plus the forward's single last position), in forward and in
+    the recomputing backward: no [B, T, V] logits exist."""
+    model = tiny_lm()
+    ids, mask, w = inputs()
+    rows = []
+    handle = model.lm_head.register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1].numel()))
+    lp = models.token_logprobs(model, ids, mask, 1.0, chunk_tokens=8)
+    forward_calls = len(rows)
+    (lp * w).sum().backward()
+    handle.remove()
+    assert max(rows) <= 8
+    assert forward_calls == 1 + 4 and len(rows) == 1 + 4 + 4  # 30 tokens = 4 chunks, each recomputed once
+
+
+def test_chunk_size_is_validated():
+    from conftest import ROOT
+    from rlcore.cli import load_recipe
+    from rlcore.config import validate
+    from rlcore.parallel import ParallelDims
+
+    cfg = load_recipe("demo", ROOT / "recipes")
+    assert cfg.train.logprob_chunk_tokens == 1024  # the default: chunked
+    cfg.train.logprob_chunk_tokens = 0  # 0 = unchunked, valid
+    validate(cfg, ParallelDims(2, 1))
+    cfg.train.logprob_chunk_tokens = -1
+    with pytest.raises(ValueError, match="train.logprob_chunk_tokens must be >= 0"):
+        validate(cfg, ParallelDims(2, 1))

@@ -1,0 +1,192 @@
+"""Packed micro-batches (rlcore.packing): the plan, packed vs padded outputs of tiny models in fp32, and the
+update's gradients with packing over two gloo ranks of very different sequence lengths."""
+import json
+
+import pytest
+import torch
+
+from conftest import WORKERS, torchrun
+from rlcore import models, packing, tiny
+from rlcore.objectives import AGG_MODES
+
+LENGTHS = [9, 4, 13, 6, 2]  # real tokens per right-padded row
+L = 14
+
+
+def batch():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, tiny.VOCAB_SIZE, (len(LENGTHS), L), generator=g)
+    mask = (torch.arange(L)[None] < torch.tensor(LENGTHS)[:, None]).long()
+    return ids * mask, mask  # pad id 0 after each row's real tokens
+
+
+def tiny_model(kind: str = "lm", use_cache: bool = False):
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification,
+                              AutoModelForTokenClassification)
+
+    config = tiny.tiny_config("qwen2")
+    config.use_cache = use_cache
+    config.num_labels = 1
+    auto = {"lm": AutoModelForCausalLM, "values": AutoModelForTokenClassification,
+            "scores": AutoModelForSequenceClassification}[kind]
+    torch.manual_seed(0)
+    return auto.from_config(config, attn_implementation="sdpa").float().eval()
+
+
+def test_first_fit_decreasing():
+    assert packing.first_fit_decreasing([5, 3, 7, 2], 8) == [[2], [0, 1], [3]]  # the docstring's example
+    assert packing.first_fit_decreasing([20, 3, 4], 8) == [[0], [1, 2]]  # too long for the cap: alone
+    assert packing.first_fit_decreasing([], 8) == []
+    lengths = torch.randint(1, 50, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    bins = packing.first_fit_decreasing(lengths, 64)
+    assert sorted(i for b in bins for i in b) == list(range(200))  # every row exactly once
+    assert all(sum(lengths[i] for i in b) <= 64 for b in bins)  # a hard cap
+    assert len(bins) <= sum(lengths) / 64 * 11 / 9 + 1  # FFD's bound: at most 11/9 OPT + 1 bins
+
+
+def test_pack_layout_and_unpack():
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [4, 3, 2, 1]])
+    mask = (ids > 0).long()
+    p = packing.pack(ids, mask)
+    assert p.input_ids.tolist() == [[5, 6, 7, 8, 9, 4, 3, 2, 1]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    assert p.last.tolist() == [2, 4, 8]
+    per_token = torch.arange(1.0, 9.0)[None]  # [1, N - 1]: position p scores packed token p + 1
+    # row 0 gets positions 0-1, row 1 position 3, row 2 positions 5-7; 2 and 4 cross a boundary
+    assert p.unpack(per_token).tolist() == [[1, 2, 0], [4, 0, 0], [6, 7, 8]]
+    d = packing.dummy("cpu")
+    assert d.unpack(torch.ones(1, 1)).shape == (0, 1)
+
+
+def logprobs(model, ids, mask, packed=None, **kw):
+    if packed is None:
+        return models.token_logprobs(model, ids, mask, 0.8, with_entropy=True, **kw)
+    return packed.unpack(models.token_logprobs(model, packed.input_ids, None, 0.8, with_entropy=True,
+                                               position_ids=packed.position_ids, **kw))
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_packed_logprobs_equal_padded(use_cache, chunk):
+    """One packed row of all five sequences scores every real token as the padded rows do (1e-5), entropy
+    too; with use_cache on in the model config as well (token_logprobs passes use_cache=False)."""
+    model = tiny_model(use_cache=use_cache)
+    ids, mask = batch()
+    scored = mask[:, 1:].bool()  # positions whose next token is real
+    with torch.no_grad():
+        ref_lp, ref_ent = logprobs(model, ids, mask, chunk_tokens=chunk)
+        lp, ent = logprobs(model, ids, mask, packing.pack(ids, mask), chunk_tokens=chunk)
+    assert (lp - ref_lp)[scored].abs().max() < 1e-5
+    assert (ent - ref_ent)[scored].abs().max() < 1e-5
+    assert (lp[~scored] == 0).all()
+
+
+def test_positions_that_do_not_restart_disagree():
+    """Negative control: the same packed row with positions 0..N-1 (no boundaries, so one long causal
+    sequence) scores the later sequences differently."""
+    model = tiny_model()
+    ids, mask = batch()
+    scored = mask[:, 1:].bool()
+    p = packing.pack(ids, mask)
+    with torch.no_grad():
+        ref_lp, _ = logprobs(model, ids, mask)
+        p.position_ids = torch.arange(p.input_ids.shape[1])[None]
+        lp, _ = logprobs(model, ids, mask, p)
+    assert (lp - ref_lp)[scored].abs().max() > 1e-2
+
+
+def test_a_cache_drops_the_packing_mask():
+    """The trap token_logprobs avoids: called with use_cache=True, the model lets packed sequences attend
+    across their boundaries (sdpa), so the packed logits are wrong."""
+    model = tiny_model(use_cache=True)
+    ids, mask = batch()
+    p = packing.pack(ids, mask)
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # [B, L, V]
+        for use_cache, agrees in ((False, True), (True, False)):
+            packed = model(input_ids=p.input_ids, position_ids=p.position_ids, use_cache=use_cache).logits
+            last_row = packed[0, -LENGTHS[-1]:]  # the last sequence in the pack: [2, V]
+            assert torch.allclose(last_row, padded[-1, :LENGTHS[-1]], atol=1e-5) == agrees
+
+
+def test_packed_values_and_scores_equal_padded():
+    ids, mask = batch()
+    p = packing.pack(ids, mask)
+    scored = mask[:, 1:].bool()
+    with torch.no_grad():
+        critic = tiny_model("values")
+        torch.nn.init.normal_(critic.score.weight)  # a value head that is not zero
+        ref = models.token_values(critic, ids, mask)
+        values = p.unpack(models.token_values(critic, p.input_ids, None, p.position_ids))
+        assert (values - ref)[scored].abs().max() < 1e-5
+        rm = tiny_model("scores")
+        ref = models.sequence_scores(rm, ids, mask)
+        scores = models.sequence_scores(rm, p.input_ids, None, p.position_ids, last=p.last)
+        assert scores.shape == (len(LENGTHS),) and (scores - ref).abs().max() < 1e-5
+        assert ref.std() > 1e-3  # five different scores, so a misplaced index would show
+
+
+def test_token_budget_is_validated():
+    from conftest import ROOT
+    from rlcore.cli import load_recipe
+    from rlcore.config import validate
+    from rlcore.parallel import ParallelDims
+
+    cfg = load_recipe("demo", ROOT / "recipes")
+    cfg.train.max_tokens_per_micro_batch = 256
+    validate(cfg, ParallelDims(2, 1))
+    cfg.train.max_tokens_per_micro_batch = -1
+    with pytest.raises(ValueError, match="train.max_tokens_per_micro_batch must be >= 0"):
+        validate(cfg, ParallelDims(2, 1))
+
+
+@pytest.fixture(scope="module")
+def update_worker(tiny_models, tmp_path_factory) -> dict:
+    """One run of tests/workers/update_worker.py on 2 gloo ranks (about 15 s), for the two tests below."""
+    out = tmp_path_factory.mktemp("update") / "update.json"
+    proc = torchrun(WORKERS / "update_worker.py", tiny_models["qwen2"], out, nproc=2)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def test_two_ranks_of_different_lengths_pack_like_padded(update_worker):
+    """2 FSDP2 ranks, rank 0 with 8-30-token sequences and rank 1 with 3-6, budgets 16 (below rank 0's
+    longest) and 40 vs padded micro-batches of 2 rows (tests/workers/update_worker.py): both ranks run the
+    same number of forward passes although rank 1 packs fewer micro-batches (so it ran dummies), and finish;
+    old logprobs and values agree to 1e-5; a PPO update (2 mini-batches, so 2 optimizer steps, temperature
+    0.9, chunked logprobs) gives the padded path's policy and critic gradients (1e-5 relative to each
+    tensor's largest entry) and metrics for every aggregation mode.
+
+    On-policy (1 mini-batch), padded and packed, the same worker checks the update that computes the old
+    logprobs itself (update.takes_old_logprobs): see test_on_policy_update_takes_its_own_old_logprobs."""
+    r = update_worker
+    for budget in (16, 40):
+        # rank 1 packs fewer micro-batches, so it must run dummies to keep in step
+        assert r[f"{budget}/packs/rank1"] < r[f"{budget}/packs/rank0"]
+        assert sum(r[f"{budget}/mini_packs/rank1"]) < sum(r[f"{budget}/mini_packs/rank0"])
+        # the policy's forwards for the old logprobs of the whole batch
+        assert r[f"{budget}/forward_passes/rank0"] == r[f"{budget}/forward_passes/rank1"] \
+            == r[f"{budget}/packs/rank0"]
+        assert r[f"{budget}/forward_diff/rank0"] < 1e-5 and r[f"{budget}/forward_diff/rank1"] < 1e-5
+    for agg in AGG_MODES:
+        assert r[f"{agg}/policy_grad_scale"] > 1e-3 and r[f"{agg}/critic_grad_scale"] > 1e-3
+        assert r[f"{agg}/steps"] == 2  # optimizer steps applied (each compared)
+        for budget in (16, 40):
+            passes = [r[f"{agg}/{budget}/update_passes/rank{k}"] for k in (0, 1)]
+            assert passes[0] == passes[1] == sum(r[f"{budget}/mini_packs/rank0"])
+            for key in ("policy_grad", "critic_grad", "metrics"):
+                assert r[f"{agg}/{budget}/{key}"] < 1e-5, (agg, budget, key, r[f"{agg}/{budget}/{key}"])
+
+
+def test_on_policy_update_takes_its_own_old_logprobs(update_worker):
+    """The second half of tests/workers/update_worker.py, 2 ranks, padded and packed (budget 16): an
+    on-policy update given batch.old_logprobs=None fills them from its own forward, equal (1e-6) to a
+    separate forward_logprobs pass; its before_step hook (the trainer's sync check) sees them while no
+    weight has moved; the gradients of both steps and every metric equal those of the update given the
+    separate pass's old logprobs (1e-6). (The trainer-level check: tests/test_train.py's skipped sync.)"""
+    r = update_worker
+    for budget in (0, 16):
+        assert r[f"on_policy/{budget}/steps"] == 1
+        assert r[f"on_policy/{budget}/old_diff/rank0"] < 1e-6 and r[f"on_policy/{budget}/old_diff/rank1"] < 1e-6
+        assert r[f"on_policy/{budget}/moved_before_step"] == 0.0 and r[f"on_policy/{budget}/moved_after"] > 1e-4
+        assert r[f"on_policy/{budget}/grad"] < 1e-6 and r[f"on_policy/{budget}/metrics"] < 1e-6
