@@ -16,11 +16,11 @@ from rlcore import update as update_stage
 update, calls = update_stage.update, [0]
 
 
-def dying_update(run, batch):
+def dying_update(run, batch, **kwargs):
     calls[0] += 1
     if calls[0] == int(os.environ["KILL_AT_UPDATE"]) and int(os.environ["RANK"]) == int(os.environ["KILL_RANK"]):
         os.kill(os.getpid(), signal.SIGKILL)
-    return update(run, batch)
+    return update(run, batch, **kwargs)
 
 
 update_stage.update = dying_update
