@@ -40,7 +40,9 @@ def test_prompt_column_and_length_filter(jsonl):
     out = tokenize_prompts(table, DataConfig(max_prompt_tokens=7), tok, "data.path")
     assert out[0]["prompt_ids"] == [1, 5, 4, 14, 5, 4, 17]  # <bos> 1 0 + 1 0 =
     assert len(out) == len(ROWS)  # "<bos>" + 6 characters = 7 tokens: nothing dropped
-    assert len(tokenize_prompts(table, DataConfig(max_prompt_tokens=6), tok, "data.path")) == 0
+    with pytest.raises(ValueError, match=r"no prompt of data.path fits data.max_prompt_tokens=6 \(the shortest "
+                                         r"has 7 tokens\)"):
+        tokenize_prompts(table, DataConfig(max_prompt_tokens=6), tok, "data.path")
 
 
 def test_chat_template(jsonl):
