@@ -54,7 +54,9 @@ class Summary:
             if rate and seconds > 0:
                 ran = [m for m in steps if m.get(key, 0.0) > 0 and rate[0] in m]
                 amount, spent = sum(m[rate[0]] for m in ran), sum(m[key] for m in ran)
-                shown = f"{amount / spent:,.{3 if rate[1] == 'GB/s' else 0}f} {rate[1]}" if spent > 0 else ""
+                # a stage that took under a millisecond a step (e.g. logprobs taken inside the update) has no rate
+                shown = (f"{amount / spent:,.{3 if rate[1] == 'GB/s' else 0}f} {rate[1]}"
+                         if spent > 1e-3 * len(ran) else "")
             rows.append((stage, seconds / n, seconds / max(wall, 1e-12), shown))
         inside = sum(s * n for name, s, _, _ in rows if name in IN_STEP)
         other = total("time/step_s") - inside
