@@ -63,7 +63,8 @@ def main(argv: list[str]) -> int:
         # An error every rank raised together (agreed in a collective, or found before the ranks connect) is
         # said once, by rank 0; one only this rank saw is said by it.
         together = isinstance(e, (RunError, InputError))  # raised by every rank at the same point
-        if rank == 0 or not (together or not dist.is_initialized()):
+        every_rank_has_it = together or not dist.is_initialized()
+        if rank == 0 or not every_rank_has_it:
             print(line, file=sys.stderr, flush=True)
         record_error(line)
         code = (EXIT_PREEMPTED if isinstance(e, Preempted) else

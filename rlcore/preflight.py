@@ -50,11 +50,8 @@ def on_every_rank(check, *args):
 
 def check_output(cfg: Config) -> Path:
     """The run directory <output_dir>/<name> can be created (probed with a temporary folder, removed at
-    once), and does not leave output_dir."""
-    root = Path(cfg.output_dir).expanduser()
-    run_dir = root / cfg.name
-    if run_dir.resolve().parent != root.resolve():
-        raise ValueError(f"name {cfg.name!r} leaves output_dir {cfg.output_dir!r}; use a plain folder name")
+    once). That `name` stays inside output_dir is config.check_values' (a plain folder name)."""
+    run_dir = Path(cfg.output_dir).expanduser() / cfg.name
     existing = run_dir
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
@@ -99,7 +96,7 @@ def prepare(cfg: Config) -> None:
 
 
 def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
-    """-> (the actor's HF config, the engine context, the KV-cache bytes the plan gives each engine rank)."""
+    """-> (the actor's HF config, the engine context, (the launch plan or None, a line to print or ""))."""
     hf_config = models.check_model(cfg.model.path)
     check_architecture(cfg.model.path, hf_config)
     weights = {"model.path": cfg.model.path}
