@@ -57,32 +57,52 @@ def to_checkpoint_format(model: torch.nn.Module, tensors: dict[str, torch.Tensor
     return revert_weight_conversion(model, tensors)
 
 
-def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None, dtype: torch.dtype | None = None,
+                       overlap: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (checkpoint name, full tensor) one FSDP2 unit at a time; a collective, so every rank iterates it.
 
     master=False (the weight sync): `unshard()` all-gathers a unit in one collective, in the compute dtype
-    under mixed precision, and `reshard()` frees it before the next. master=True (the HF export): each
-    parameter's full master-dtype tensor, on CPU. Sync tensors are copies: vLLM may hold one until its layer
-    is complete (padded vocab layers wait until the end) while the gathered storage is freed. Converting a
-    unit (e.g. splitting fused experts) may briefly hold a second copy of it. `stats`, if given
-    (rlcore.rollout.SyncStats), counts bytes and the largest unit."""
-    for unit in units(model):
-        fsdp = isinstance(unit.module, FSDPModule)
-        if master:
+    under mixed precision, and `reshard()` frees it before the next. Sync tensors are copies in `dtype` (the
+    engine's; one copy that also converts, where the gathered dtype differs): vLLM may hold one until its layer
+    is complete (padded vocab layers wait until the end) while the gathered storage is freed. With `overlap`,
+    the next unit's all-gather is started before the current unit is handed to the consumer (the engine's
+    load), and waited for only when its turn comes: the sync then holds the current unit's copies and the
+    next unit's gathered shards, two units, never more. master=True (the HF export): each parameter's full
+    master-dtype tensor, on CPU. Converting a unit (e.g. splitting fused experts) may briefly hold a second
+    copy of it. `stats`, if given (rlcore.rollout.SyncStats), counts bytes and the largest unit."""
+    found = units(model)
+    if master:
+        for unit in found:
             # One parameter on the device at a time; the unit accumulates in CPU memory.
             tensors = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
                        for n, p in unit.tensors().items()}
-        else:
-            if fsdp:
-                unit.module.unshard()
-            tensors = {n: p.detach().clone() for n, p in unit.tensors().items()}
-            if fsdp:
-                unit.module.reshard()
-        size = sum(t.numel() * t.element_size() for t in tensors.values())
-        if stats is not None:
-            stats.bytes += size
-            stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, size)
-        yield from to_checkpoint_format(model, tensors).items()
+            yield from _counted(model, tensors, stats)
+        return
+    pending = _unshard(found[0], async_op=overlap)
+    for i, unit in enumerate(found):
+        if pending is not None:
+            pending.wait()
+        following = found[i + 1] if i + 1 < len(found) else None
+        pending = _unshard(following, async_op=True) if overlap and following else None
+        tensors = {n: p.detach().to(dtype or p.dtype, copy=True) for n, p in unit.tensors().items()}
+        if isinstance(unit.module, FSDPModule):
+            unit.module.reshard()
+        yield from _counted(model, tensors, stats)
+        if not overlap and following:
+            _unshard(following, async_op=False)
+
+
+def _unshard(unit: Unit, async_op: bool):
+    """All-gather a unit's shards (a handle to wait on when async); nothing to do for an unsharded model."""
+    return unit.module.unshard(async_op=async_op) if isinstance(unit.module, FSDPModule) else None
+
+
+def _counted(model, tensors: dict[str, torch.Tensor], stats) -> Iterator[tuple[str, torch.Tensor]]:
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    if stats is not None:
+        stats.bytes += size
+        stats.peak_bucket_bytes = max(stats.peak_bucket_bytes, size)
+    yield from to_checkpoint_format(model, tensors).items()
 
 
 _LAYER = re.compile(r"^(.*\.layers\.(\d+))\.")

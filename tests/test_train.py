@@ -53,6 +53,11 @@ def test_architectures_train_and_sync(tiny_models, tmp_path, arch, tp, extra):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)
     assert all(r["sync/gb"] > 0 for r in rows)
+    # Bandwidth and share of the step are the sync's own bytes and seconds.
+    for r in rows:
+        assert r["sync/gb_s"] == pytest.approx(r["sync/gb"] / r["time/sync_s"], rel=1e-6)
+        assert r["sync/step_share"] == pytest.approx(r["time/sync_s"] / r["time/step_s"], rel=1e-6)
+        assert 0 < r["sync/step_share"] < 1
     # The reference is built only for a KL term; it starts equal to the policy, so KL(step 1) is ~0.
     assert (f"reference {tiny_models[arch]} (frozen)" in proc.stderr + proc.stdout) == ("kl_coef" in extra)
     if "kl_coef" in extra:

@@ -1,4 +1,5 @@
-"""The in-place weight sync is exact, streamed one FSDP2 unit at a time, for TP=1 and TP=2 engines.
+"""The in-place weight sync is exact, streamed one FSDP2 unit at a time (the next unit's all-gather overlapped
+with the engine's load), for TP=1 and TP=2 engines.
 
 Qwen3-MoE is the model: transformers keeps its experts fused in memory ([E, 2I, H] gate_up_proj) and writes
 one tensor per expert in its checkpoints, so the sync must convert (rlcore/weights.py). OLMo 2 is served
@@ -32,7 +33,9 @@ def test_sync_is_exact_after_an_optimizer_step(models, tmp_path, arch, tp, order
     # The optimizer step moved every weight, so a stale engine is visibly wrong and the check below can fail.
     assert r["unchanged_parameters"] == []
     assert r["stale_max_diff"] > 0.05
-    # fp32 on both sides: the synced engine scores fixed sequences as the trainer does.
+    # Overlapping the next unit's all-gather with the engine's load changes no byte of what is streamed.
+    assert r["overlap_stream_mismatch"] == []
+    # fp32 on both sides: the synced engine (overlapped sync) scores fixed sequences as the trainer does.
     assert r["synced_max_diff"] < 1e-4
     # Every parameter streamed once; the most held at once is one FSDP2 unit, never the model.
     assert r["bytes"] == r["model_bytes"]

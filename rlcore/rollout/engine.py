@@ -7,8 +7,9 @@ of a block pass identical prompts, sampling parameters and seeds, and get identi
 Weight sync (after every optimizer step): for each FSDP2 unit (one decoder layer, then the root
 with embeddings, final norm and head) all-gather the unit's shards, stream its tensors in HF checkpoint
 format (names, layouts and splits as `save_pretrained` writes them: rlcore/weights.py) into vLLM's
-in-place `reload_weights`, and release them before the next unit.
-Each engine rank cuts its own tensor-parallel slice. Peak extra memory: one unit, never the model.
+in-place `reload_weights`, and release them before the next unit. The next unit's all-gather is started
+before the current one is handed over, so the collective overlaps the engine's load.
+Each engine rank cuts its own tensor-parallel slice. Peak extra memory: two units, never the model.
 """
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class RolloutEngine:
         if not self.cuda and cfg.rollout.tensor_parallel > 1:
             remove_stale_cpu_shm()
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
+        self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
         self.sleep_mode = self.cuda and cfg.rollout.sleep_while_training
         self.llm = LLM(
             model=cfg.model.path,
@@ -114,13 +116,14 @@ class RolloutEngine:
         if self.sleep_mode:
             self.llm.sleep(level=2)
 
-    def sync_weights(self, model: torch.nn.Module) -> SyncStats:
-        """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring)."""
+    def sync_weights(self, model: torch.nn.Module, overlap: bool = True) -> SyncStats:
+        """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring); with `overlap`
+        the next unit's all-gather runs while the engine loads the current one (benchmarks/sync.py compares)."""
         t0 = time.perf_counter()
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
         stats = SyncStats(0.0, 0, 0)
-        weights = checkpoint_weights(model, stats=stats)
+        weights = checkpoint_weights(model, stats=stats, dtype=self.dtype, overlap=overlap)
         self.llm.collective_rpc("reload_weights",
                                 kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.cuda:

@@ -43,13 +43,20 @@ seqs = torch.randint(3, 20, (3, 16), generator=torch.Generator().manual_seed(7))
 with torch.no_grad():
     trainer = models.token_logprobs(policy, seqs, torch.ones_like(seqs), 1.0)  # [3, 15]
 stale = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
-stats = engine.sync_weights(policy)
+# The stream with the next unit's all-gather overlapped equals the one-after-the-other stream, bit for bit.
+from rlcore.weights import checkpoint_weights
+streams = [list(checkpoint_weights(policy, dtype=engine.dtype, overlap=o)) for o in (False, True)]
+stream_mismatch = [a[0] for a, b in zip(*streams) if a[0] != b[0] or not torch.equal(a[1], b[1])]
+stream_mismatch += ["<count>"] if len(streams[0]) != len(streams[1]) else []
+del streams
+stats = engine.sync_weights(policy)  # overlapped (the default)
 synced = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
 unit_bytes = [sum(p.numel() * 4 for p in layer.parameters()) for layer in models.decoder_layers(policy)]
 result = {
     "unchanged_parameters": unchanged,
     "stale_max_diff": (stale - trainer).abs().max().item(),
     "synced_max_diff": (synced - trainer).abs().max().item(),
+    "overlap_stream_mismatch": stream_mismatch,
     "bytes": stats.bytes,
     "peak_bucket_bytes": stats.peak_bucket_bytes,
     "model_bytes": sum(p.numel() * 4 for p in policy.parameters()),
