@@ -154,7 +154,7 @@ def main() -> None:
              f"{first.get('vocab', 'tiny')}), fp32, sdpa, world size 1 (no FSDP). Batch: {args.sequences} sequences, "
              f"prompt 12..20 + response 8..512 tokens (seed 0): {first['real_tokens']:,} real tokens, "
              f"{first['padded_tokens']:,} padded ({first['real_tokens'] / first['padded_tokens']:.0%} real). "
-             f"{args.rounds} rounds A B alternating, one process each, 1 warm-up + {args.repeats} timed "
+             f"{args.rounds} rounds of the contenders in turn (A B C A B C ...), one process each, 1 warm-up + {args.repeats} timed "
              f"`update.update` calls per process (GRPO, on-policy: forward+backward of every micro-batch + 1 "
              f"AdamW step); medians over the {args.rounds * args.repeats} timed calls.", "",
              "| contender | micro-batches | median update s | train tok/s (real) | peak memory MB (VmHWM - RSS before) |",
