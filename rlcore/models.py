@@ -324,7 +324,7 @@ def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, atte
         handle.remove()
     scores = seen[0][..., 0].float()  # [B, L]
     if last is not None:
-        return scores[0, last]  # [b]
+        return scores.reshape(-1)[last]  # [b]: `last` indexes the flattened packed rows
     last = attention_mask.sum(-1) - 1  # [B]
     return scores[torch.arange(len(last)), last]  # [B]
 

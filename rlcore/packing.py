@@ -11,6 +11,9 @@ rows:
    sequence and no attention mask. transformers then keeps each sequence's attention inside itself (sdpa /
    eager build a block-diagonal mask from the position_ids, flash-attention runs varlen), provided the
    model is called with use_cache=False: with a cache, sdpa and eager silently drop the packing mask.
+   The update (rlcore.update.per_token) packs with split=True under sdpa / eager: the micro-batch's sequences
+   go into several rows as wide as its longest sequence instead, so attention costs ~N x longest, not N^2
+   (those kernels compute every block of the block-diagonal mask).
 3. `Packed.unpack` puts every per-token output of the packed row (logprobs, entropy, values; position p
    scores token p + 1) back into the rows' [b, T] layout through one saved index, so losses read the
    original rows unchanged. The position before each sequence boundary scores the next sequence's first
@@ -65,38 +68,55 @@ def micro_batches(lengths: list[int], micro_batch_size: int, max_tokens: int) ->
 @dataclass
 class Packed:
     """One packed row of b sequences, and the index that puts its per-token outputs back into [b, T]."""
-    input_ids: torch.Tensor  # [1, N] the sequences' real tokens, one after another
+    input_ids: torch.Tensor  # [1, N] the sequences' real tokens, one after another ([r, W] when split)
     position_ids: torch.Tensor  # [1, N] 0, 1, ... restarting at each sequence
-    source: torch.Tensor  # [n] positions of the packed per-token outputs [N - 1] that belong to a row
+    source: torch.Tensor  # [n] positions of the flattened packed per-token outputs [1, N - 1] that belong to a row
     dest: torch.Tensor  # [n] where each goes in the flattened [b, T]: row * T + t
-    last: torch.Tensor  # [b] packed position of each sequence's last token (a reward model's score)
+    last: torch.Tensor  # [b] flattened packed position of each sequence's last token (a reward model's score)
     rows: int  # b
     width: int  # T = L - 1 of the padded rows
 
     def unpack(self, per_token):
-        """Packed per-token outputs [1, N - 1] (or a tuple of them) -> [b, T], 0 where nothing was scored."""
+        """Packed per-token outputs [1, N - 1] or [r, W - 1] (or a tuple of them) -> [b, T], 0 where nothing was
+        scored."""
         if isinstance(per_token, tuple):
             return tuple(self.unpack(x) for x in per_token)
         out = per_token.new_zeros(self.rows * self.width)
         return out.index_put((self.dest,), per_token.reshape(-1)[self.source]).view(self.rows, self.width)
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Packed:
-    """Right-padded rows input_ids / attention_mask [b, L] -> one packed row (see the module docstring)."""
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: bool = False) -> Packed:
+    """Right-padded rows input_ids / attention_mask [b, L] -> one packed row (see the module docstring).
+
+    split: several packed rows [r, W] instead, W = the longest sequence, filled first-fit-decreasing and each
+    ended by a pad segment (token 0, positions restarting at 0; its outputs are dropped). sdpa and eager
+    attention compute every block of the [N, N] packing mask, so one long row costs ~N^2 attention; rows of
+    width W cost ~N * W. Not for flash-attention: its varlen path reads packed position_ids of one row only."""
     lengths = attention_mask.sum(-1).tolist()  # [b] real tokens per row
     b, L = input_ids.shape
     T, dev = L - 1, input_ids.device
-    ids, positions, source, dest, last = [], [], [], [], []
-    offset = 0
-    for row, n in enumerate(lengths):
-        ids.append(input_ids[row, :n])
-        positions.append(torch.arange(n, device=dev))
-        source.append(torch.arange(offset, offset + n - 1, device=dev))  # the next token is in this sequence
-        dest.append(torch.arange(row * T, row * T + n - 1, device=dev))
-        last.append(offset + n - 1)
-        offset += n
-    return Packed(torch.cat(ids)[None], torch.cat(positions)[None], torch.cat(source), torch.cat(dest),
-                  torch.tensor(last, device=dev), b, T)
+    if split:
+        width = max(lengths, default=1)
+        packed_rows = first_fit_decreasing(lengths, width)
+    else:
+        width, packed_rows = sum(lengths), [list(range(b))]
+    ids, positions, source, dest, last = [], [], [], [], [0] * b
+    for r, members in enumerate(packed_rows):
+        offset = 0
+        for row in members:
+            n = lengths[row]
+            ids.append(input_ids[row, :n])
+            positions.append(torch.arange(n, device=dev))
+            start = r * (width - 1) + offset  # outputs are [r, W - 1]: position p of row r is r * (W - 1) + p
+            source.append(torch.arange(start, start + n - 1, device=dev))  # the next token is in this sequence
+            dest.append(torch.arange(row * T, row * T + n - 1, device=dev))
+            last[row] = r * width + offset + n - 1  # into the flattened [r, W] input
+            offset += n
+        if offset < width:  # a pad segment of its own (positions restart: outside every sequence)
+            ids.append(input_ids.new_zeros(width - offset))
+            positions.append(torch.arange(width - offset, device=dev))
+    return Packed(torch.cat(ids).view(len(packed_rows), width), torch.cat(positions).view(len(packed_rows), width),
+                  torch.cat(source), torch.cat(dest), torch.tensor(last, dtype=torch.long, device=dev), b, T)
 
 
 def dummy(device) -> Packed:

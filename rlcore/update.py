@@ -49,7 +49,11 @@ def per_token(run: Run, micro: Batch | None, forward):
     rows, when micro is None)."""
     if not run.cfg.train.max_tokens_per_micro_batch:
         return forward(micro.input_ids, micro.attention_mask, None)
-    packed = packing.dummy(device_type()) if micro is None else packing.pack(micro.input_ids, micro.attention_mask)
+    # sdpa / eager compute the whole [N, N] packing mask: rows as wide as the longest sequence keep attention
+    # ~N x longest; flash-attention's varlen path needs the one packed row (rlcore.packing.pack).
+    split = run.cfg.model.attn_implementation != "flash_attention_2"
+    packed = packing.dummy(device_type()) if micro is None else \
+        packing.pack(micro.input_ids, micro.attention_mask, split=split)
     return packed.unpack(forward(packed.input_ids, None, packed.position_ids))
 
 

@@ -58,6 +58,19 @@ def test_pack_layout_and_unpack():
     assert d.unpack(torch.ones(1, 1)).shape == (0, 1)
 
 
+def test_split_pack_layout_and_unpack():
+    """split=True: rows as wide as the longest sequence (4), first-fit-decreasing, each ended by a pad segment
+    whose positions restart at 0; outputs [r, W - 1] unpack to the same rows as one packed row's."""
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [4, 3, 2, 1], [7, 0, 0, 0]])
+    mask = (ids > 0).long()
+    p = packing.pack(ids, mask, split=True)  # lengths [3, 2, 4, 1]: rows [2], [0, 3], [1] + pad
+    assert p.input_ids.tolist() == [[4, 3, 2, 1], [5, 6, 7, 7], [8, 9, 0, 0]]
+    assert p.position_ids.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 0, 1]]
+    assert p.last.tolist() == [6, 9, 3, 7]  # into the flattened [3, 4] input
+    per_token = torch.arange(1.0, 10.0).view(3, 3)  # [r, W - 1]
+    assert p.unpack(per_token).tolist() == [[4, 5, 0], [7, 0, 0], [1, 2, 3], [0, 0, 0]]
+
+
 def logprobs(model, ids, mask, packed=None, **kw):
     if packed is None:
         return models.token_logprobs(model, ids, mask, 0.8, with_entropy=True, **kw)
@@ -69,16 +82,18 @@ def logprobs(model, ids, mask, packed=None, **kw):
 @pytest.mark.parametrize("chunk", [0, 16])
 def test_packed_logprobs_equal_padded(use_cache, chunk):
     """One packed row of all five sequences scores every real token as the padded rows do (1e-5), entropy
-    too; with use_cache on in the model config as well (token_logprobs passes use_cache=False)."""
+    too, and so do split rows (split=True, the update's packing under sdpa); with use_cache on in the model
+    config as well (token_logprobs passes use_cache=False)."""
     model = tiny_model(use_cache=use_cache)
     ids, mask = batch()
     scored = mask[:, 1:].bool()  # positions whose next token is real
     with torch.no_grad():
         ref_lp, ref_ent = logprobs(model, ids, mask, chunk_tokens=chunk)
-        lp, ent = logprobs(model, ids, mask, packing.pack(ids, mask), chunk_tokens=chunk)
-    assert (lp - ref_lp)[scored].abs().max() < 1e-5
-    assert (ent - ref_ent)[scored].abs().max() < 1e-5
-    assert (lp[~scored] == 0).all()
+        for split in (False, True):  # one packed row; rows as wide as the longest sequence
+            lp, ent = logprobs(model, ids, mask, packing.pack(ids, mask, split=split), chunk_tokens=chunk)
+            assert (lp - ref_lp)[scored].abs().max() < 1e-5, split
+            assert (ent - ref_ent)[scored].abs().max() < 1e-5, split
+            assert (lp[~scored] == 0).all()
 
 
 def test_positions_that_do_not_restart_disagree():
@@ -116,13 +131,18 @@ def test_packed_values_and_scores_equal_padded():
     with torch.no_grad():
         critic = tiny_model("values")
         torch.nn.init.normal_(critic.score.weight)  # a value head that is not zero
-        ref = models.token_values(critic, ids, mask)
+        ref_values = models.token_values(critic, ids, mask)
         values = p.unpack(models.token_values(critic, p.input_ids, None, p.position_ids))
-        assert (values - ref)[scored].abs().max() < 1e-5
+        assert (values - ref_values)[scored].abs().max() < 1e-5
         rm = tiny_model("scores")
         ref = models.sequence_scores(rm, ids, mask)
         scores = models.sequence_scores(rm, p.input_ids, None, p.position_ids, last=p.last)
         assert scores.shape == (len(LENGTHS),) and (scores - ref).abs().max() < 1e-5
+        split = packing.pack(ids, mask, split=True)
+        values = split.unpack(models.token_values(critic, split.input_ids, None, split.position_ids))
+        assert (values - ref_values)[scored].abs().max() < 1e-5
+        scores = models.sequence_scores(rm, split.input_ids, None, split.position_ids, last=split.last)
+        assert (scores - ref).abs().max() < 1e-5
         assert ref.std() > 1e-3  # five different scores, so a misplaced index would show
 
 
