@@ -13,7 +13,7 @@ STEP_KEYS = (
     "reward/mean", "reward/std", "response/length_mean", "policy/kl", "policy/entropy",
     "policy/clip_frac", "policy/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
     "time/generate_s", "time/reward_s", "time/logprobs_s", "time/train_s", "time/sync_s", "time/step_s",
-    "throughput/generate_tok_s", "memory/peak_gb", "train/skipped_steps",
+    "throughput/generate_tok_s", "throughput/sync_gb_s", "time/sync_share", "memory/peak_gb", "train/skipped_steps",
 )
 # The short progress line shows these.
 PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),

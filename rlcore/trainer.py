@@ -210,8 +210,8 @@ def train_step(run: Run, step: int) -> dict[str, float]:
         "sync/gb": stats.bytes / 1e9, "sync/peak_bucket_gb": stats.peak_bucket_bytes / 1e9,
     }
     # The sync as bandwidth (bytes handed to the engine per second) and as its share of the step.
-    metrics |= {"sync/gb_s": stats.bytes / 1e9 / max(stats.seconds, 1e-9) if stats.bytes else 0.0,
-                "sync/step_share": stats.seconds / metrics["time/step_s"]}
+    metrics |= {"throughput/sync_gb_s": stats.bytes / 1e9 / max(stats.seconds, 1e-9) if stats.bytes else 0.0,
+                "time/sync_share": stats.seconds / metrics["time/step_s"]}
     # Measured peaks per phase next to the plan's bars (per GPU, or per CPU rank): the planner is checked
     # on every run.
     generate_peak, train_peak = all_max(generate_peak), all_max(peak_memory_gb())

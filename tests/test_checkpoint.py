@@ -212,13 +212,15 @@ def test_stop_signal_records_sigterm_and_sigusr1():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+# With token-budget packing: the rows have holes (observation tokens) and packing must keep resume exact.
 MULTI_TURN = ("recipe=reinforce_pp_tiny", *RUN[1:], "rollout.env=tests/envs/plumbing.py:Retry",
-              "rollout.max_total_tokens=16")
+              "rollout.max_total_tokens=16", "train.max_tokens_per_micro_batch=64")
 
 
 @pytest.mark.slow
 def test_multi_turn_kill_then_resume_is_exact_once(tmp_path):
-    """Two-turn rollouts (REINFORCE++, returns carried across the observation): a rank SIGKILLed in step 3
+    """Two-turn rollouts (REINFORCE++, returns carried across the observation), packed into 64-token
+    micro-batches: a rank SIGKILLed in step 3
     and resume=auto log the same numbers at every step, and export the same bytes, as the run straight
     through. Turn seeds derive from (run seed, step, trajectory, turn), so nothing depends on process state."""
     proc = train_cmd(*MULTI_TURN, f"output_dir={tmp_path / 'straight'}")
