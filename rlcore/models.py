@@ -229,9 +229,9 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     """log p(input_ids[:, t+1] | input_ids[:, :t+1]) at `temperature`, as vLLM's processed logprobs.
 
     Returns logprobs [B, T=L-1] (and entropy [B, T] of the full next-token distribution).
-    chunk_tokens > 0: the LM head, log-softmax and entropy run on that many tokens at a time, recomputed
-    per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists (a 152k vocab at 8k tokens
-    is ~22 GB unchunked); the values equal the unchunked ones up to matmul rounding. position_ids (with
+    chunk_tokens > 0: the LM head, log-softmax and entropy run fused on that many tokens at a time
+    (HeadLogprobs), recomputed per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists
+    (a 152k vocab at 8k tokens is ~22 GB unchunked); the values equal the unchunked ones up to rounding. position_ids (with
     attention_mask None) carry packed sequences (rlcore.packing)."""
     if not chunk_tokens or not plain_lm_head(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -244,26 +244,75 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
         raise RuntimeError("the LM head is still sharded after forward: token_logprobs needs the FSDP root "
                            "unit kept gathered after forward (fully_shard's default for the root)")
     hidden, targets = hidden.reshape(B * T, H), input_ids[:, 1:].reshape(B * T)  # [B*T, H], [B*T]
-    # Backward recomputes each chunk's logits instead of keeping them (only with a gradient to compute).
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
     outs = []
     for s in range(0, max(B * T, 1), chunk_tokens):  # one (empty) chunk when there is no next token
-        args = (head, hidden[s:s + chunk_tokens], targets[s:s + chunk_tokens], temperature, with_entropy)
-        outs.append(checkpoint(_head_logprobs, *args, use_reentrant=False) if recompute else _head_logprobs(*args))
+        h, t = hidden[s:s + chunk_tokens], targets[s:s + chunk_tokens]
+        if isinstance(head, torch.nn.Linear):
+            outs.append(HeadLogprobs.apply(h, head.weight, head.bias, t, temperature, with_entropy))
+        else:  # an unusual head module: recompute each chunk through it in backward
+            outs.append(checkpoint(_head_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False))
     if not with_entropy:
-        return torch.cat(outs).view(B, T)
+        return torch.cat([o[0] for o in outs]).view(B, T)
     return torch.cat([o[0] for o in outs]).view(B, T), torch.cat([o[1] for o in outs]).view(B, T)
+
+
+class HeadLogprobs(torch.autograd.Function):
+    """One chunk of the LM head fused with log-softmax, gather and entropy: hidden [N, H] -> logprobs of the
+    targets [N] (and entropy [N]) at `temperature`, keeping only the logsumexp [N] (and entropy) for backward.
+
+    Backward recomputes the chunk's logits z = (hidden W^T + b) / temperature and writes the gradient into them
+    in place, with p = softmax(z):  d logp_target / dz = onehot(target) - p,  d entropy / dz = -p (z - E_p[z]),
+    E_p[z] = lse - entropy. So a chunk holds two fp32 [N, V] tensors at most (z and p), where autograd through
+    log_softmax would keep about five."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature: float, with_entropy: bool):
+        z = F.linear(hidden, weight, bias)
+        z = z.to(_at_least_fp32(z.dtype)).div_(temperature)  # [N, V]
+        lse = torch.logsumexp(z, dim=-1)  # [N]
+        logprobs = z.gather(-1, targets[:, None]).squeeze(-1) - lse
+        entropy = None
+        if with_entropy:
+            entropy = lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)  # lse - sum_j p_j z_j
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature = temperature
+        return (logprobs, entropy) if with_entropy else (logprobs,)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy=None):
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        z = F.linear(hidden, weight, bias)
+        z = z.to(_at_least_fp32(z.dtype)).div_(ctx.temperature)  # [N, V]
+        p = (z - lse[:, None]).exp_()  # softmax
+        grad = torch.zeros_like(z) if grad_logprobs is None else p.mul(-grad_logprobs[:, None])
+        if grad_logprobs is not None:
+            grad.scatter_add_(-1, targets[:, None], grad_logprobs[:, None])
+        del_z = grad
+        if grad_entropy is not None and entropy is not None:
+            z.sub_((lse - entropy)[:, None]).mul_(p).mul_(grad_entropy[:, None])  # -(dH/dz) * g
+            del_z = grad.sub_(z)
+        del z, p
+        grad_z = del_z.div_(ctx.temperature).to(hidden.dtype)  # [N, V] gradient of the head's output
+        grad_hidden = grad_z @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad_z.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad_z.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)  # bf16 -> fp32; fp32 and fp64 stay
 
 
 def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
                    with_entropy: bool):
-    """One chunk: hidden [N, H] -> logits [N, V] -> logprobs of targets [N] (and entropy [N])."""
-    return _logprobs(head(hidden), targets, temperature, with_entropy)
+    """One chunk through an arbitrary head module: hidden [N, H] -> logits [N, V] -> (logprobs [N], entropy [N])."""
+    out = _logprobs(head(hidden), targets, temperature, with_entropy)
+    return out if with_entropy else (out,)
 
 
 def _logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
     """logits [..., V] of the next token, targets [...] -> logprobs [...] (and entropy [...])."""
-    logp = F.log_softmax(logits.float() / temperature, dim=-1)  # [..., V]
+    logp = F.log_softmax(logits.to(_at_least_fp32(logits.dtype)) / temperature, dim=-1)  # [..., V]
     logprobs = logp.gather(-1, targets[..., None]).squeeze(-1)  # [...]
     if not with_entropy:
         return logprobs

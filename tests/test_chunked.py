@@ -8,11 +8,11 @@ from rlcore import models, tiny
 B, L = 3, 11  # 3 x 10 = 30 predicted tokens
 
 
-def tiny_lm(tied: bool = False, dtype=torch.float32) -> torch.nn.Module:
+def tiny_lm(tied: bool = False, dtype=torch.float32, vocab: int = tiny.VOCAB_SIZE) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     config = tiny.tiny_config("qwen2")
-    config.tie_word_embeddings = tied
+    config.tie_word_embeddings, config.vocab_size = tied, vocab
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
 
@@ -73,18 +73,34 @@ def test_no_grad_chunked_matches_and_keeps_no_graph():
 
 
 def test_chunked_holds_one_chunk_of_logits():
-    """The head only ever sees chunk-sized inputs (plus the forward's single last position), in forward and in
-    the recomputing backward: no [B, T, V] logits exist."""
-    model = tiny_lm()
+    """No tensor with the vocabulary as its last dimension is ever bigger than one chunk (plus the forward's
+    single last position), in forward or in the recomputing backward: no [B, T, V] logits exist. Every op's
+    output is watched, so a full-size intermediate anywhere would show."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Widest(TorchDispatchMode):
+        rows = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.is_view:  # new memory only: e.g. the head weight's transposed view [H, V]
+                return out
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dim() and t.shape[-1] == VOCAB:
+                    self.rows = max(self.rows, t.numel() // VOCAB)
+            return out
+
+    VOCAB = 97  # a size no other dimension of the tiny model has (head_dim is 32, the tiny vocabulary's size)
+    model = tiny_lm(vocab=VOCAB)
     ids, mask, w = inputs()
-    rows = []
-    handle = model.lm_head.register_forward_hook(lambda m, a, out: rows.append(out.shape[:-1].numel()))
-    lp = models.token_logprobs(model, ids, mask, 1.0, chunk_tokens=8)
-    forward_calls = len(rows)
-    (lp * w).sum().backward()
-    handle.remove()
-    assert max(rows) <= 8
-    assert forward_calls == 1 + 4 and len(rows) == 1 + 4 + 4  # 30 tokens = 4 chunks, each recomputed once
+    with Widest() as forward:
+        lp, ent = models.token_logprobs(model, ids, mask, 0.8, with_entropy=True, chunk_tokens=8)
+    with Widest() as backward:
+        ((lp * w).sum() + ent.sum()).backward()
+    assert forward.rows == 8 and backward.rows == 8  # 30 tokens in chunks of 8
+    with Widest() as unchunked:
+        models.token_logprobs(model, ids, mask, 0.8, with_entropy=True)
+    assert unchunked.rows >= B * (L - 1)  # the watcher sees the full logits when they exist
 
 
 def test_chunk_size_is_validated():
