@@ -2,7 +2,7 @@
 
     python benchmarks/vs_trl.py --size demo --rounds 2 --steps 10
     python benchmarks/vs_trl.py --size 25M --rounds 1 --steps 5
-    python benchmarks/vs_trl.py --size 50M --rounds 1 --steps 4
+    python benchmarks/vs_trl.py --size 50M --rounds 1 --steps 4      # 4 prompts x 8, 256 new tokens: ~13-15 s a step here
 
 Contenders (each round runs each once, in this order):
 - rlcore: `torchrun --nproc-per-node 2 launch/train.py recipe=demo ...` (FSDP2 + colocated vLLM, 2 ranks x 1
