@@ -231,8 +231,8 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     Returns logprobs [B, T=L-1] (and entropy [B, T] of the full next-token distribution).
     chunk_tokens > 0: the LM head, log-softmax and entropy run fused on that many tokens at a time
     (HeadLogprobs), recomputed per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists
-    (a 152k vocab at 8k tokens is ~22 GB unchunked); the values equal the unchunked ones up to rounding. position_ids (with
-    attention_mask None) carry packed sequences (rlcore.packing)."""
+    (a 152k vocab at 8k tokens is ~22 GB unchunked); the values equal the unchunked ones up to rounding.
+    position_ids (with attention_mask None) carry packed sequences (rlcore.packing)."""
     if not chunk_tokens or not plain_lm_head(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits  # [B, L, V]
@@ -276,6 +276,7 @@ class HeadLogprobs(torch.autograd.Function):
             entropy = lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)  # lse - sum_j p_j z_j
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
         ctx.temperature = temperature
+        ctx.set_materialize_grads(False)  # an output the loss does not use (the entropy metric) gets None
         return (logprobs, entropy) if with_entropy else (logprobs,)
 
     @staticmethod
@@ -284,15 +285,16 @@ class HeadLogprobs(torch.autograd.Function):
         z = F.linear(hidden, weight, bias)
         z = z.to(_at_least_fp32(z.dtype)).div_(ctx.temperature)  # [N, V]
         p = (z - lse[:, None]).exp_()  # softmax
-        grad = torch.zeros_like(z) if grad_logprobs is None else p.mul(-grad_logprobs[:, None])
+        entropy_term = grad_entropy is not None and entropy is not None
+        if entropy_term:  # z <- g_H * p * (z - E_p[z]) = -g_H * d entropy / dz, while p is still p
+            z.sub_((lse - entropy)[:, None]).mul_(p).mul_(grad_entropy[:, None])
+        grad = p.zero_() if grad_logprobs is None else p.mul_(-grad_logprobs[:, None])  # p's buffer reused
         if grad_logprobs is not None:
             grad.scatter_add_(-1, targets[:, None], grad_logprobs[:, None])
-        del_z = grad
-        if grad_entropy is not None and entropy is not None:
-            z.sub_((lse - entropy)[:, None]).mul_(p).mul_(grad_entropy[:, None])  # -(dH/dz) * g
-            del_z = grad.sub_(z)
+        if entropy_term:
+            grad.sub_(z)
         del z, p
-        grad_z = del_z.div_(ctx.temperature).to(hidden.dtype)  # [N, V] gradient of the head's output
+        grad_z = grad.div_(ctx.temperature).to(hidden.dtype)  # [N, V] gradient of the head's output
         grad_hidden = grad_z @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_z.t() @ hidden if ctx.needs_input_grad[1] else None
         grad_bias = grad_z.sum(0) if bias is not None and ctx.needs_input_grad[2] else None

@@ -55,6 +55,21 @@ def test_chunked_equals_unchunked_with_gradients(tied, dtype):
                 assert err < tol, (chunk, temperature, name, err)
 
 
+def test_entropy_as_a_metric_only():
+    """The update returns entropy for its metric but its loss does not use it: the fused head then gets no
+    entropy gradient (None, not zeros), and the logprob gradients still equal the unchunked ones."""
+    model = tiny_lm()
+    ids, mask, w = inputs()
+    grads = []
+    for chunk in (0, 7):
+        model.zero_grad(set_to_none=True)
+        logprobs, _ = models.token_logprobs(model, ids, mask, 0.9, with_entropy=True, chunk_tokens=chunk)
+        (logprobs * w.float()).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        assert ((grads[1][name] - g).abs().max() / g.abs().max().clamp(min=1)).item() < 1e-6, name
+
+
 def test_temperature_changes_the_values():
     """The check above compares like with like; this one makes sure the temperature reaches both paths."""
     model = tiny_lm()
