@@ -16,12 +16,12 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
+from rlcore import head_logprobs
 from rlcore.config import CriticConfig, ModelConfig, OptimConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -230,13 +230,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
 
     Returns logprobs [B, T=L-1] (and entropy [B, T] of the full next-token distribution).
     chunk_tokens > 0: the LM head, log-softmax and entropy run fused on that many tokens at a time
-    (HeadLogprobs), recomputed per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists
+    (rlcore.head_logprobs.HeadLogprobs), recomputed per chunk in backward, so at most one chunk of [tokens, V] fp32 logits exists
     (a 152k vocab at 8k tokens is ~22 GB unchunked); the values equal the unchunked ones up to rounding.
     position_ids (with attention_mask None) carry packed sequences (rlcore.packing)."""
     if not chunk_tokens or not plain_lm_head(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits  # [B, L, V]
-        return _logprobs(logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
+        return head_logprobs.from_logits(logits[:, :-1], input_ids[:, 1:], temperature, with_entropy)
     hidden = final_hidden_states(model, input_ids, attention_mask, position_ids)[:, :-1]  # [B, T, H]
     B, T, H = hidden.shape
     head = model.get_output_embeddings()
@@ -248,77 +248,13 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, attention_ma
     for s in range(0, max(B * T, 1), chunk_tokens):  # one (empty) chunk when there is no next token
         h, t = hidden[s:s + chunk_tokens], targets[s:s + chunk_tokens]
         if isinstance(head, torch.nn.Linear):
-            outs.append(HeadLogprobs.apply(h, head.weight, head.bias, t, temperature, with_entropy))
+            outs.append(head_logprobs.HeadLogprobs.apply(h, head.weight, head.bias, t, temperature, with_entropy))
         else:  # an unusual head module: recompute each chunk through it in backward
-            outs.append(checkpoint(_head_logprobs, head, h, t, temperature, with_entropy, use_reentrant=False))
+            outs.append(checkpoint(head_logprobs.through_module, head, h, t, temperature, with_entropy,
+                                   use_reentrant=False))
     if not with_entropy:
         return torch.cat([o[0] for o in outs]).view(B, T)
     return torch.cat([o[0] for o in outs]).view(B, T), torch.cat([o[1] for o in outs]).view(B, T)
-
-
-class HeadLogprobs(torch.autograd.Function):
-    """One chunk of the LM head fused with log-softmax, gather and entropy: hidden [N, H] -> logprobs of the
-    targets [N] (and entropy [N]) at `temperature`, keeping only the logsumexp [N] (and entropy) for backward.
-
-    Backward recomputes the chunk's logits z = (hidden W^T + b) / temperature and writes the gradient into them
-    in place, with p = softmax(z):  d logp_target / dz = onehot(target) - p,  d entropy / dz = -p (z - E_p[z]),
-    E_p[z] = lse - entropy. So a chunk holds two fp32 [N, V] tensors at most (z and p), where autograd through
-    log_softmax would keep about five."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, bias, targets, temperature: float, with_entropy: bool):
-        z = F.linear(hidden, weight, bias)
-        z = z.to(_at_least_fp32(z.dtype)).div_(temperature)  # [N, V]
-        lse = torch.logsumexp(z, dim=-1)  # [N]
-        logprobs = z.gather(-1, targets[:, None]).squeeze(-1) - lse
-        entropy = None
-        if with_entropy:
-            entropy = lse - (z - lse[:, None]).exp_().mul_(z).sum(-1)  # lse - sum_j p_j z_j
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature = temperature
-        ctx.set_materialize_grads(False)  # an output the loss does not use (the entropy metric) gets None
-        return (logprobs, entropy) if with_entropy else (logprobs,)
-
-    @staticmethod
-    def backward(ctx, grad_logprobs, grad_entropy=None):
-        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
-        z = F.linear(hidden, weight, bias)
-        z = z.to(_at_least_fp32(z.dtype)).div_(ctx.temperature)  # [N, V]
-        p = (z - lse[:, None]).exp_()  # softmax
-        entropy_term = grad_entropy is not None and entropy is not None
-        if entropy_term:  # z <- g_H * p * (z - E_p[z]) = -g_H * d entropy / dz, while p is still p
-            z.sub_((lse - entropy)[:, None]).mul_(p).mul_(grad_entropy[:, None])
-        grad = p.zero_() if grad_logprobs is None else p.mul_(-grad_logprobs[:, None])  # p's buffer reused
-        if grad_logprobs is not None:
-            grad.scatter_add_(-1, targets[:, None], grad_logprobs[:, None])
-        if entropy_term:
-            grad.sub_(z)
-        del z, p
-        grad_z = grad.div_(ctx.temperature).to(hidden.dtype)  # [N, V] gradient of the head's output
-        grad_hidden = grad_z @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad_z.t() @ hidden if ctx.needs_input_grad[1] else None
-        grad_bias = grad_z.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None, None
-
-
-def _at_least_fp32(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)  # bf16 -> fp32; fp32 and fp64 stay
-
-
-def _head_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                   with_entropy: bool):
-    """One chunk through an arbitrary head module: hidden [N, H] -> logits [N, V] -> (logprobs [N], entropy [N])."""
-    out = _logprobs(head(hidden), targets, temperature, with_entropy)
-    return out if with_entropy else (out,)
-
-
-def _logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """logits [..., V] of the next token, targets [...] -> logprobs [...] (and entropy [...])."""
-    logp = F.log_softmax(logits.to(_at_least_fp32(logits.dtype)) / temperature, dim=-1)  # [..., V]
-    logprobs = logp.gather(-1, targets[..., None]).squeeze(-1)  # [...]
-    if not with_entropy:
-        return logprobs
-    return logprobs, -(logp.exp() * logp).sum(-1)
 
 
 # Config fields of architectures whose logits are more than the LM head's output (soft-capped or scaled):
