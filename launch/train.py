@@ -72,7 +72,8 @@ def main(argv: list[str]) -> int:
     if dist.is_initialized() and (code == 0 or together):
         # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections.
         dist.barrier()
-        dist.destroy_process_group()
+        from rlcore.rollout.engine import leave_process_groups
+        leave_process_groups()
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")
     if status and os.environ.get("LOCAL_RANK", "0") == "0":
         Path(status).write_text(f"{code}\n")

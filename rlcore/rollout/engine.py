@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,3 +192,14 @@ def remove_stale_cpu_shm() -> None:
         for path in stale:
             path.unlink(missing_ok=True)
     dist.barrier()
+
+
+def leave_process_groups() -> None:
+    """Destroy every process group, vLLM's first (when an engine was built): torch's destroy_process_group()
+    takes all groups with it, and vLLM's own shutdown at exit would then fail on its already-gone groups."""
+    if "vllm.distributed.parallel_state" in sys.modules:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        destroy_model_parallel()
+        destroy_distributed_environment()  # vLLM's world group, then the default one
+    if dist.is_initialized():
+        dist.destroy_process_group()
