@@ -31,7 +31,7 @@ from rlcore.errors import describe
 from rlcore.parallel import device_type
 
 if TYPE_CHECKING:
-    from rlcore.trainer import Run
+    from rlcore.run import Run
 
 NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?")
 

@@ -11,56 +11,23 @@ from __future__ import annotations
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, models, preflight, rewards, update
-from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
+from rlcore import checkpoint, export, logprobs, models, preflight, rewards, update
+from rlcore.collectives import RunError, all_max, all_sum
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_tokenizer
 from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
 from rlcore.rollout.collect import collect, evaluate, model_budget
-from rlcore.rollout.turns import Envs
+from rlcore.run import Run
 from rlcore.summary import Summary
 
 
 class Preempted(RunError):
     """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
-
-
-@dataclass
-class Run:
-    """Everything a step needs, built once by `setup`."""
-    cfg: Config
-    dims: ParallelDims
-    group: int  # this rank's rollout group (index along the "dp" axis)
-    tp_rank: int  # this rank's place inside the group (index along the "tp" axis)
-    tp_group: object  # the process group of this rank's engine (environment results are shared in it)
-    tokenizer: object
-    prompts: PromptStream
-    eval_rows: list[dict]
-    reward_fns: list  # [(function, weight)]
-    reward_models: list  # [(RewardModel, weight)]
-    envs: Envs  # the environment (or single-turn) settings of the turn loop
-    model_budget: int  # model tokens a trajectory can hold (all turns)
-    engine: RolloutEngine
-    policy: torch.nn.Module
-    reference: torch.nn.Module | None
-    critic: torch.nn.Module | None
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    critic_optimizer: torch.optim.Optimizer | None
-    critic_scheduler: object
-    logger: RunLogger
-    run_dir: Path
-    meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
-    plan: object = None  # the launch plan (rlcore.plan.Plan), or None where its formulas do not cover the model
-    resume_from: Path | None = None  # the checkpoint to load before the first step
 
 
 def setup(cfg: Config) -> Run:
@@ -143,14 +110,6 @@ def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, rewar
     return lines
 
 
-def trained_models(run: Run) -> dict[str, tuple]:
-    """Every model the run trains, with its optimizer and LR scheduler: what a checkpoint holds."""
-    trained = {"policy": (run.policy, run.optimizer, run.scheduler)}
-    if run.critic is not None:
-        trained["critic"] = (run.critic, run.critic_optimizer, run.critic_scheduler)
-    return trained
-
-
 def needs_critic(cfg: Config) -> bool:
     return bool(getattr(cfg.algorithm, "needs_critic", False))
 
@@ -160,7 +119,7 @@ def total_optimizer_steps(cfg: Config) -> int:
 
 
 def train_step(run: Run, step: int) -> dict[str, float]:
-    cfg, t_step = run.cfg, time.perf_counter()
+    t_step = time.perf_counter()
     reset_peak_memory()
     batch, metrics = collect(run, step)
     generate_peak = peak_memory_gb()
@@ -168,33 +127,12 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     reset_peak_memory()
 
     t = time.perf_counter()
-    # On-policy, the update's own forward gives the old logprobs and the check runs before its step.
-    separate = not update.takes_old_logprobs(cfg)
-    if separate:
-        batch.old_logprobs = update.forward_logprobs(run, run.policy, batch)
-    if run.reference is not None:
-        batch.ref_logprobs = update.forward_logprobs(run, run.reference, batch)
-    if run.critic is not None:
-        batch.values = update.forward_values(run, batch)
-    checked = {}
-
-    def check_sync() -> None:
-        # The engine sampled with the weights the trainer holds now: any gap is a broken sync.
-        diff = (batch.old_logprobs - batch.rollout_logprobs).abs() * batch.loss_mask
-        checked["sum"], checked["tokens"] = all_sum(diff.sum().item(), batch.loss_mask.sum().item())
-        checked["max"] = all_max(diff.max().item())
-        if checked["max"] > cfg.rollout.logprob_diff_threshold:
-            raise RunError(f"rollout/logprob_diff_max={checked['max']:.3g} exceeds rollout.logprob_diff_threshold="
-                           f"{cfg.rollout.logprob_diff_threshold:g} at step {step}: the inference engine holds "
-                           f"stale or corrupted weights (weight sync failed)")
-
-    if separate:
-        check_sync()
+    check, advantage_metrics = logprobs.prepare(run, batch, step)  # old/ref logprobs, values, advantages
     t_logprobs = time.perf_counter() - t
 
     t = time.perf_counter()
-    batch.advantages, advantage_metrics = cfg.algorithm.advantages(batch, reduce_sum)
-    metrics |= advantage_metrics | update.update(run, batch, before_step=None if separate else check_sync)
+    # On-policy the update's own forward gives the old logprobs: the drift check runs before its step.
+    metrics |= advantage_metrics | update.update(run, batch, before_step=check)
     t_train = time.perf_counter() - t
 
     # A step with nothing applied left the policy as the engine already holds it: no sync.
@@ -202,8 +140,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {
         "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
-        "rollout/logprob_diff_mean": checked["sum"] / max(checked["tokens"], 1.0),
-        "rollout/logprob_diff_max": checked["max"],
+        **check.metrics(),
         "time/logprobs_s": t_logprobs, "time/train_s": t_train, "time/sync_s": stats.seconds,
         "time/step_s": time.perf_counter() - t_step,
         "throughput/train_tok_s": length / max(t_train, 1e-9),
@@ -233,7 +170,7 @@ def train(cfg: Config) -> dict[str, float]:
     report, status = Summary(), "finished"
     try:
         if run.resume_from is not None:
-            loop, notes = checkpoint.load(run.resume_from, trained_models(run), run.prompts, run.group)
+            loop, notes = checkpoint.load(run.resume_from, run.trained_models(), run.prompts, run.group)
             for line in notes:
                 run.logger.print(line)
             # The engine started from model.path: it samples with the checkpointed weights from step one.
@@ -289,7 +226,7 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
     try:
         if preempted or last or (t.save_every and step % t.save_every == 0):
             t0 = time.perf_counter()
-            path = checkpoint.save(root, step, trained_models(run), run.prompts, loop, run.meta,
+            path = checkpoint.save(root, step, run.trained_models(), run.prompts, loop, run.meta,
                                    t.keep_checkpoints, run.tokenizer)
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
             run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")

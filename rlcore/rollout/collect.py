@@ -23,7 +23,7 @@ from rlcore.rollout.env import call_all, check_env
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
 
 if TYPE_CHECKING:
-    from rlcore.trainer import Run
+    from rlcore.run import Run
 
 
 def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -> int:
