@@ -4,6 +4,7 @@
     python launch/plan.py recipe=grpo --nproc-per-node 8 --gpu-memory-gb 80 rollout.tensor_parallel=1
     python launch/plan.py recipe=grpo --nproc-per-node 8 --nnodes 4 --gpu-memory-gb 80 model.path=/models/qwen-7b
     python launch/plan.py recipe=demo --nproc-per-node 2                    # no GPU: against host memory
+    python launch/plan.py recipe=grpo --help                                # and every config key of the recipe
 
 No process group, no GPU and no weights: model shapes come from each config.json (a local folder or the
 hub cache); formulas in rlcore/plan.py. The same plan from the training entry point:
@@ -21,17 +22,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import plan  # noqa: E402
+from rlcore import config_help, plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], usage="%(prog)s recipe=NAME "
-                                     "[key=value ...] --nproc-per-node N [--nnodes M] [--gpu-memory-gb G]")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False, usage="%(prog)s "
+                                     "recipe=NAME [key=value ...] --nproc-per-node N [--nnodes M] [--gpu-memory-gb G]")
     parser.add_argument("--nproc-per-node", type=int, required=True, help="ranks (GPUs) per node")
     parser.add_argument("--nnodes", type=int, default=1, help="nodes")
     parser.add_argument("--gpu-memory-gb", type=float, default=None,
                         help="memory per GPU, GB (2**30 bytes); default: this machine's GPU, else the host (CPU)")
+    parser.add_argument("-h", "--help", action="store_true", help="this usage; with recipe=NAME, its config keys")
+    if "--help" in argv or "-h" in argv:
+        try:
+            print(config_help.help_text(argv, ROOT / "recipes", __doc__ + "\n" + parser.format_help()))
+        except ValueError as e:
+            print(f"rlcore: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     args, overrides = parser.parse_known_args(argv)
     try:
         for name, value in (("--nproc-per-node", args.nproc_per_node), ("--nnodes", args.nnodes),

@@ -14,6 +14,8 @@ Slurm, multi-node (requeued on preemption, resumes by itself):
 
 Print the launch plan (mesh, models, per-GPU memory; rlcore/plan.py) on rank 0 and exit 0, starting nothing:
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
+Every config key of a recipe (type, the recipe's value after any overrides, what it means), starting nothing:
+    python launch/train.py recipe=grpo --help
 
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
 import torch.distributed as dist  # noqa: E402
 
-from rlcore import plan  # noqa: E402
+from rlcore import config_help, plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 from rlcore.preflight import InputError  # noqa: E402
 from rlcore.trainer import Preempted, RunError, train  # noqa: E402
@@ -51,6 +53,11 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     code, together = 0, False
     try:
+        if "--help" in argv or "-h" in argv:
+            text = config_help.help_text(argv, ROOT / "recipes", __doc__)
+            if rank == 0:
+                print(text, flush=True)
+            return 0
         cfg = parse_argv(argv, ROOT / "recipes")
         if cfg.plan.show:
             show_plan(cfg, rank)

@@ -127,12 +127,12 @@ class Config:
     resume: str = ""  # "" fresh; "auto" newest complete checkpoint of this run (fresh if none); or a step_<N> dir
     prepare: str = ""  # optional "module:function" run once on rank 0 before loading (builds local assets)
     plan: PlanConfig = field(default_factory=PlanConfig)  # launch plan: plan=true prints it; plan.strict
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)  # metrics.jsonl + TensorBoard always; wandb on request
+    model: ModelConfig = field(default_factory=ModelConfig)  # the actor (policy): its weights, dtype and kernels
+    data: DataConfig = field(default_factory=DataConfig)  # training and held-out prompts
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines, sampling, environments
+    optim: OptimConfig = field(default_factory=OptimConfig)  # the policy's AdamW and LR schedule
+    train: TrainConfig = field(default_factory=TrainConfig)  # steps, batching, evals, checkpoints, exports
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
