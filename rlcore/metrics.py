@@ -1,8 +1,11 @@
-"""Rank-0 run logging: TensorBoard events, metrics.jsonl (one object per step) and a progress bar."""
+"""Rank-0 run logging: TensorBoard events, metrics.jsonl (one object per step), and progress lines under a
+progress bar on a terminal, or plain lines (no bar, no redraws) when stdout is a file or a pipe (Slurm,
+`> log`)."""
 from __future__ import annotations
 
 import json
 import resource
+import sys
 from pathlib import Path
 
 import torch
@@ -50,12 +53,13 @@ def _turn(key: str) -> int:
 
 class RunLogger:
     def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0,
-                 wandb: dict | None = None):
+                 wandb: dict | None = None, every: int = 1):
         """start_step > 0: a resumed run keeps the log of steps up to it and drops any later lines
         (steps a killed run logged after its last checkpoint are trained again).
         wandb: {"project", "name", "config"} mirrors every logged key and the config to Weights & Biases
-        (imported here, only when asked for; WANDB_MODE=offline writes runs/<name>/wandb/ only)."""
-        self.enabled, self.wandb = enabled, None
+        (imported here, only when asked for; WANDB_MODE=offline writes runs/<name>/wandb/ only).
+        every: steps between progress lines (the last step always has one); every step goes to the files."""
+        self.enabled, self.wandb, self.total, self.every = enabled, None, total_steps, every
         if not enabled:
             return
         if wandb is not None:
@@ -74,7 +78,9 @@ class RunLogger:
         self.jsonl = open(path, "w")  # a fresh run starts its log anew
         self.jsonl.writelines(kept)
         self.tb = SummaryWriter(str(run_dir / "tb"))
-        self.bar = tqdm(total=total_steps, initial=start_step, desc="rlcore", unit="step", dynamic_ncols=True)
+        # The bar redraws itself with carriage returns: only where a person watches a terminal.
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="rlcore", unit="step", dynamic_ncols=True) \
+            if sys.stdout.isatty() and sys.stderr.isatty() else None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
@@ -85,21 +91,28 @@ class RunLogger:
             self.wandb.log(metrics, step=step)
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
+        if "time/step_s" in metrics and self.bar is not None:
+            self.bar.update(1)
+        if step % self.every and step != self.total:
+            return
         shown = [f"{short}={metrics[k]:.4g}" for k, short in PROGRESS_KEYS if k in metrics]
         active = [f"{metrics[k]:g}" for k in sorted(metrics, key=_turn) if k.startswith("env/active_turn")]
         if active:  # multi-turn: trajectories still running in turn 1, 2, ...
             shown.append("active=" + "/".join(active))
-        self.bar.write(f"step {step}: " + " ".join(shown))
-        if "time/step_s" in metrics:
-            self.bar.update(1)
+        self.print(f"step {step}/{self.total}: " + " ".join(shown))
 
     def print(self, line: str) -> None:
-        if self.enabled:
-            self.bar.write(line)
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(line)  # above the bar, which is drawn again below it
+        else:
+            print(line, flush=True)
 
     def close(self) -> None:
         if self.enabled:
-            self.bar.close()
+            if self.bar is not None:
+                self.bar.close()
             self.tb.close()
             self.jsonl.close()
             if self.wandb is not None:

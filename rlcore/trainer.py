@@ -71,7 +71,7 @@ def setup(cfg: Config) -> Run:
         wandb = {"project": cfg.logging.wandb_project, "name": cfg.name, "config": config_to_dict(cfg),
                  "id": f"{cfg.name}-{meta['fingerprint']}"}  # a resumed run continues the same wandb run
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
-                       wandb=wandb)
+                       wandb=wandb, every=cfg.train.log_every)
     for line in layout(cfg, dims, reference is not None, critic is not None, len(reward_models)):
         logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""

@@ -46,6 +46,10 @@ def test_demo_measures_memory_against_the_plan_writes_a_summary_and_mirrors_to_w
     assert abs(sum(stages.values()) - 100) < 0.5, summary  # the stages (and "other") add up to the whole step
     assert "bottleneck: **" in summary and "eval: eval/accuracy" in summary
     assert "# rlcore run summary: demo" in proc.stdout + proc.stderr  # printed too
+    # stdout is a pipe here, as a log file under Slurm: one plain line per step, no progress bar or redraws
+    assert "\r" not in proc.stdout and "rlcore:  " not in proc.stdout and "step/s" not in proc.stdout
+    shown = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert shown == ["step 0/3", "step 1/3", "step 2/3", "step 3/3"], proc.stdout
     # wandb, offline: the run file holds every step key and the config
     [record] = list((tmp_path / "demo" / "wandb").glob("offline-run-*/run-*.wandb"))
     data = record.read_bytes()

@@ -1,0 +1,66 @@
+"""The run log as a person reads it: a progress bar over the step lines on a terminal, and one plain line
+per logged step (no bar, no redraws) when stdout is a file, as under Slurm or `> log`."""
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+
+from conftest import ROOT
+
+# Three steps logged, every second one shown (and always the last), then the end-of-run lines.
+SCRIPT = """
+import sys
+from pathlib import Path
+from rlcore.metrics import RunLogger
+log = RunLogger(Path(sys.argv[1]), total_steps=3, enabled=True, every=2)
+log.log(0, {"eval/accuracy": 0.25})
+for step in (1, 2, 3):
+    log.log(step, {"reward/mean": 0.5 * step, "policy/entropy": 1.25, "rollout/logprob_diff_max": 1e-05,
+                   "time/step_s": 0.5})
+log.print("eval/accuracy on 8 held-out prompts: start 25.0% -> end 75.0% (+50.0 points)")
+log.print("# rlcore run summary: demo")
+log.close()
+"""
+EXPECTED = ["step 0/3: eval_acc=0.25",
+            "step 2/3: reward=1 entropy=1.25 lp_diff=1e-05 s=0.5",
+            "step 3/3: reward=1.5 entropy=1.25 lp_diff=1e-05 s=0.5",
+            "eval/accuracy on 8 held-out prompts: start 25.0% -> end 75.0% (+50.0 points)",
+            "# rlcore run summary: demo"]
+
+
+def test_a_log_file_gets_plain_lines_only(tmp_path):
+    log = tmp_path / "log"
+    with open(log, "w") as out:
+        proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "run")], stdout=out,
+                              stderr=subprocess.STDOUT, env=os.environ | {"PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.returncode == 0, log.read_text()
+    assert log.read_text() == "\n".join(EXPECTED) + "\n"  # no bar, no carriage returns, nothing re-emitted
+    steps = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert len(steps) == 4  # every step reaches the metrics file, whatever train.log_every shows
+
+
+def test_a_terminal_gets_the_bar_above_which_the_lines_scroll(tmp_path):
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / "run")], stdout=follower,
+                            stderr=follower, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=120) == 0
+    os.close(leader)
+    screen = b"".join(chunks).decode()
+    assert "\r" in screen and "rlcore: 100%" in screen and "3/3" in screen  # the bar, drawn and redrawn
+    lines = [line.strip("\r") for line in screen.replace("\r\n", "\n").split("\n")]
+    for expected in EXPECTED:
+        assert any(line.endswith(expected) or line == expected for line in lines), expected
