@@ -1,0 +1,332 @@
+"""Native tool calls: Python functions as tools, the model's calls parsed per family, run, answered as chat.
+
+A recipe declares tools as plain functions with type hints and a Google-style docstring (the convention of
+transformers' chat templates; `transformers.utils.get_json_schema` builds the JSON schema the template shows
+the model), and picks the tool-call format of its model family:
+
+    def add(a: int, b: int) -> int:
+        \"\"\"Add two integers.
+
+        Args:
+            a: the first
+            b: the second
+        \"\"\"
+        return a + b
+
+    class Adder(ToolEnv):                      # rollout.env = Adder (one instance per trajectory)
+        toolbox = Toolbox([add], format="hermes")
+        max_turns = 4
+
+The model (Qwen2.5, Hermes format) ends a turn with
+    <tool_call>\\n{"name": "add", "arguments": {"a": 2, "b": 40}}\\n</tool_call>
+and the observation is [{"role": "tool", "name": "add", "content": "42"}], which rlcore.rollout.chat renders
+through the model's chat template. A bad call is answered, never raised, and counted in `ToolEnv.stats`:
+    {"name": "sub", ...}                 error: unknown tool 'sub'; tools: add
+    {"name": "add", "arguments": {"a": "2", "b": 40}}
+                                         error: add: argument 'a' must be integer, got string; expected
+                                         add(a: integer, b: integer)      (one line)
+    add raising ValueError("x")          error: add raised ValueError: x
+    <tool_call>{"name": "add", </tool_call>
+                                         error: malformed tool call: invalid JSON (Expecting property name
+                                         enclosed in double quotes, line 1 column 17)
+A turn without a call is the final answer: the episode ends.
+
+Startup: `Toolbox(...)` checks the declarations and `check_template(tokenizer, model_path)` that the model's
+chat template renders the tools; prompts are rendered with `apply_chat_template(..., tools=toolbox.schemas)`.
+Parsers read decoded text: a marker that the tokenizer marks special (Llama's <|python_tag|>, Mistral's
+[TOOL_CALLS]) may be dropped by the decode, so each parser also reads the call without it.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import re
+from dataclasses import astuple, dataclass, field, fields
+from typing import Any, Callable
+
+from rlcore.errors import one_line
+from rlcore.rollout.env import Env, Step
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict = field(default_factory=dict)
+
+
+@dataclass
+class ToolStats:
+    """Counts over tool calls; add them up across turns and trajectories (`a + b`, `sum(stats, ToolStats())`)."""
+    calls: int = 0  # attempted calls, bad ones included (an unparsable turn counts one)
+    malformed: int = 0  # turns whose call text did not parse (bad JSON, no name, arguments not an object)
+    unknown_tool: int = 0
+    bad_arguments: int = 0  # missing, unexpected or wrongly typed arguments
+    tool_raised: int = 0
+
+    def __add__(self, other: ToolStats) -> ToolStats:
+        return ToolStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def metrics(self, prefix: str = "tool/") -> dict[str, int]:
+        return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# ---- parsers: text -> (calls, error or None); no call at all is ([], None) -------------------------------
+
+def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments",)) -> ToolCall | str:
+    """One decoded JSON call -> a ToolCall, or what is wrong with it."""
+    if not isinstance(obj, dict):
+        return f"a call must be a JSON object, got {_json_type(obj)}"
+    if not isinstance(obj.get("name"), str) or not obj["name"]:
+        return 'no "name" field' if "name" not in obj else f'"name" must be a string, got {_json_type(obj["name"])}'
+    key = next((k for k in args_keys if k in obj), args_keys[0])
+    args = obj.get(key, {})  # a tool without arguments may be called without the field
+    if not isinstance(args, dict):
+        return f'"{key}" must be a JSON object, got {_json_type(args)}'
+    return ToolCall(obj["name"], args)
+
+
+def _json_error(e: json.JSONDecodeError) -> str:
+    return f"invalid JSON ({e.msg}, line {e.lineno} column {e.colno})"
+
+
+def _collect(items: list[ToolCall | str]) -> tuple[list[ToolCall], str | None]:
+    errors = [x for x in items if isinstance(x, str)]
+    return [x for x in items if isinstance(x, ToolCall)], "; ".join(errors) or None
+
+
+def parse_hermes(text: str) -> tuple[list[ToolCall], str | None]:
+    """Qwen2.5 / Qwen3 / Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more blocks.
+    A last block without its closing tag is read to the end of the text (models often stop right there)."""
+    blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S)
+    items: list[ToolCall | str] = []
+    for k, block in enumerate(blocks, 1):
+        where = f"tool call {k}: " if len(blocks) > 1 else ""
+        try:
+            call = _call(json.loads(block))
+        except json.JSONDecodeError as e:
+            call = _json_error(e)
+        items.append(call if isinstance(call, ToolCall) else where + call)
+    return _collect(items)
+
+
+def _json_sequence(body: str, sep: str) -> list[Any] | str:
+    """JSON values separated by `sep` (and whitespace) filling `body`, or what is wrong."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while True:
+        try:
+            value, i = decoder.raw_decode(body, i)
+        except json.JSONDecodeError as e:
+            return _json_error(e)
+        values.append(value)
+        rest = body[i:].lstrip()
+        if not rest:
+            return values
+        if not sep or not rest.startswith(sep):
+            return f"unexpected text after the call: {rest[:30]!r}"
+        if not rest[len(sep):].strip():  # a trailing separator
+            return values
+        i = len(body) - len(rest[len(sep):].lstrip())
+
+
+def parse_llama3(text: str) -> tuple[list[ToolCall], str | None]:
+    """Llama 3.1 / 3.2 JSON tool calling: {"name": ..., "parameters": {...}} ("arguments" also read), after
+    <|python_tag|> or as the whole turn; several separated by ";". Text not starting with "{" is an answer."""
+    tag = text.find("<|python_tag|>")
+    body = text[tag + len("<|python_tag|>"):] if tag >= 0 else text.lstrip()
+    if tag < 0 and not body.startswith("{"):
+        return [], None
+    for end in ("<|eom_id|>", "<|eot_id|>"):  # present when the action was decoded with special tokens
+        body = body.strip().removesuffix(end)
+    values = _json_sequence(body.strip(), ";")
+    if isinstance(values, str):
+        return [], values
+    return _collect([_call(v, ("parameters", "arguments")) for v in values])
+
+
+def parse_mistral(text: str) -> tuple[list[ToolCall], str | None]:
+    """Mistral before v11: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]; without the marker, a turn
+    that starts with '[{' is read as the list."""
+    tag = text.find("[TOOL_CALLS]")
+    body = text[tag + len("[TOOL_CALLS]"):].strip() if tag >= 0 else text.lstrip()
+    if tag < 0 and not body.startswith("[{"):
+        return [], None
+    values = _json_sequence(body, "")
+    if isinstance(values, str):
+        return [], values
+    calls = values[0] if isinstance(values[0], list) else values
+    return _collect([_call(v) for v in calls] or ["an empty list of calls"])
+
+
+PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], str | None]]] = {
+    "hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral}
+
+
+# ---- arguments against the schema ------------------------------------------------------------------------
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str), ("array", list),
+                       ("object", dict)):
+        if isinstance(value, kind):  # bool before int: True is an int in Python, not in JSON
+            return name
+    return type(value).__name__
+
+
+def _type_error(value: Any, schema: dict) -> str | None:
+    """What is wrong with a JSON value under a (get_json_schema) schema: type, nullable, enum, array items."""
+    types = schema.get("type")
+    if types is not None:
+        allowed = ([types] if isinstance(types, str) else list(types)) + (["null"] if schema.get("nullable") else [])
+        got = _json_type(value)
+        if got not in allowed and not (got == "integer" and "number" in allowed) and "any" not in allowed:
+            return f"must be {' or '.join(allowed)}, got {got}"
+    if "enum" in schema and value not in schema["enum"]:
+        return f"must be one of {', '.join(json.dumps(v) for v in schema['enum'])}, got {json.dumps(value)}"
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(value):
+            if (err := _type_error(item, schema["items"])) is not None:
+                return f"item {i} {err}"
+    return None
+
+
+def _signature(schema: dict) -> str:
+    """'add(a: integer, b?: number)': the call as the model should write it (? marks optional arguments)."""
+    params, required = schema["parameters"].get("properties", {}), schema["parameters"].get("required", [])
+    kinds = {k: p.get("type", "any") for k, p in params.items()}
+    args = [f"{k}{'' if k in required else '?'}: {t if isinstance(t, str) else ' | '.join(t)}"
+            for k, t in kinds.items()]
+    return f"{schema['name']}({', '.join(args)})"
+
+
+def check_arguments(arguments: dict, schema: dict) -> str | None:
+    """The first problem with a call's arguments under the tool's function schema, or None."""
+    params = schema["parameters"].get("properties", {})
+    missing = [k for k in schema["parameters"].get("required", []) if k not in arguments]
+    unexpected = [k for k in arguments if k not in params]
+    if missing:
+        return f"missing required argument '{missing[0]}'"
+    if unexpected:
+        return f"unexpected argument '{unexpected[0]}'"
+    for k, v in arguments.items():
+        if (err := _type_error(v, params[k])) is not None:
+            return f"argument '{k}' {err}"
+    return None
+
+
+# ---- declarations, execution and the environment ----------------------------------------------------------
+
+HINT = ("tools need a type hint on every argument and a Google-style docstring: a description, then an Args: "
+        "section with one line per argument (transformers.utils.get_json_schema)")
+
+
+def tool_schema(fn: Any, position: int) -> dict:
+    """The JSON schema of one declared tool; a ValueError naming the tool says what the declaration lacks."""
+    from transformers.utils.chat_template_utils import (DocstringParsingException, TypeHintParsingException,
+                                                        get_json_schema)
+    if not callable(fn):
+        raise ValueError(f"tool {position} ({one_line(repr(fn))[:60]}) is not callable; {HINT}")
+    name = getattr(fn, "__name__", type(fn).__name__)
+    if not inspect.getdoc(fn):
+        raise ValueError(f"tool '{name}' has no docstring; {HINT}")
+    for p in inspect.signature(fn).parameters.values():
+        if p.annotation is inspect.Parameter.empty and p.name != "self":
+            raise ValueError(f"tool '{name}': argument '{p.name}' has no type hint; {HINT}")
+    try:
+        return get_json_schema(fn)
+    except (DocstringParsingException, TypeHintParsingException) as e:
+        # transformers says "Cannot generate JSON schema for f because <reason>": keep the reason.
+        raise ValueError(f"tool '{name}': {one_line(e).split(' because ', 1)[-1]}; {HINT}") from None
+
+
+class Toolbox:
+    """Declared tools, their schemas and a call format; shared read-only by every trajectory (thread-safe as
+    long as the tools themselves are). `async def` tools run to completion on the calling thread."""
+
+    def __init__(self, tools: list[Callable], format: str = "hermes", max_chars: int = 2000):
+        if format not in PARSERS:
+            raise ValueError(f"unknown tool-call format '{format}'; valid: {', '.join(PARSERS)}")
+        self.format, self.parse, self.max_chars = format, PARSERS[format], max_chars
+        self.schemas = [tool_schema(fn, i) for i, fn in enumerate(tools)]
+        self.functions: dict[str, Callable] = {}
+        for fn, schema in zip(tools, self.schemas):
+            name = schema["function"]["name"]
+            if name in self.functions:
+                raise ValueError(f"two tools are named '{name}'; tool names must be unique")
+            self.functions[name] = fn
+        self._by_name = {s["function"]["name"]: s["function"] for s in self.schemas}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.functions)
+
+    def check_template(self, tokenizer, model_path: str) -> None:
+        """Raise a one-line ValueError unless the tokenizer's chat template shows the model every tool."""
+        from jinja2 import TemplateError
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {model_path} has no chat template, so the model cannot be shown "
+                             f"its tools; native tool calls need a template that renders tools")
+        probe = [{"role": "user", "content": "Hi."}]
+        try:
+            text = tokenizer.apply_chat_template(probe, tools=self.schemas, tokenize=False, add_generation_prompt=True)
+        except (TemplateError, TypeError, ValueError) as e:
+            raise ValueError(f"the chat template of {model_path} fails when rendering tools ({one_line(e)})") from None
+        missing = [n for n in self.names if n not in text]
+        if missing:
+            raise ValueError(f"the chat template of {model_path} does not render tools: tool '{missing[0]}' is "
+                             f"absent from a prompt rendered with tools=; use the model's tool-calling template")
+
+    def call(self, call: ToolCall) -> tuple[str, str | None]:
+        """Run one call: (message content, kind of failure or None). Never raises for the tool's own errors."""
+        if call.name not in self.functions:
+            return f"error: unknown tool '{call.name}'; tools: {', '.join(self.names)}", "unknown_tool"
+        schema = self._by_name[call.name]
+        if (err := check_arguments(call.arguments, schema)) is not None:
+            return f"error: {call.name}: {err}; expected {_signature(schema)}", "bad_arguments"
+        try:
+            value = self.functions[call.name](**call.arguments)
+            if inspect.iscoroutine(value):  # an async def tool: rlcore's env worker threads run no event loop
+                value = asyncio.run(value)
+        except Exception as e:  # the tool's failure is the model's observation, not the run's
+            return f"error: {call.name} raised {type(e).__name__}: {one_line(e)}", "tool_raised"
+        text = value if isinstance(value, str) else json.dumps(value, default=str)
+        if len(text) > self.max_chars:
+            text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
+        return text, None
+
+    def run(self, calls: list[ToolCall], parse_error: str | None = None) -> tuple[list[dict], ToolStats]:
+        """Tool messages for a turn's calls (in order, then the parse error if any) and their counts."""
+        stats = ToolStats(calls=len(calls) + (parse_error is not None), malformed=int(parse_error is not None))
+        messages = []
+        for call in calls:
+            content, kind = self.call(call)
+            if kind:
+                setattr(stats, kind, getattr(stats, kind) + 1)
+            messages.append({"role": "tool", "name": call.name, "content": content})
+        if parse_error is not None:
+            messages.append({"role": "tool", "content": f"error: malformed tool call: {parse_error}"})
+        return messages, stats
+
+
+class ToolEnv(Env):
+    """An environment that runs the model's tool calls (set `toolbox` in a subclass). A turn with calls, or with
+    a call that does not parse, is answered with tool messages; a turn without one ends the episode, and
+    `stats` holds the trajectory's counts. Override `step` (calling super) to add a reward."""
+
+    toolbox: Toolbox
+    max_turns = 4
+
+    def __init__(self, row: dict | None = None):
+        if not isinstance(getattr(self, "toolbox", None), Toolbox):
+            raise TypeError(f"{type(self).__name__} needs a class attribute toolbox = Toolbox([...], format=...)")
+        self.row = row
+        self.stats = ToolStats()
+
+    def step(self, action: str, action_ids: list[int]) -> Step:
+        calls, error = self.toolbox.parse(action)
+        if not calls and error is None:
+            return Step(done=True)
+        messages, stats = self.toolbox.run(calls, error)
+        self.stats += stats
+        return Step(messages)
