@@ -263,3 +263,53 @@ def test_templates_without_tools_are_rejected():
 
 def test_every_format_is_registered():
     assert PARSERS == {"hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral}
+
+
+# ---- startup: the tools reach every prompt, bad settings stop before the engines ---------------------------
+
+def startup_config(tmp_path, template=None, chat_template=True):
+    from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
+    tok = build_chat_tokenizer() if template is None else build_chat_tokenizer(template)
+    tok.save_pretrained(tmp_path / "model")
+    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "2+40?"}) + "\n")
+    return Config(model=ModelConfig(path=str(tmp_path / "model")),
+                  data=DataConfig(path=str(tmp_path / "train.jsonl"), chat_template=chat_template,
+                                  max_prompt_tokens=4096),
+                  rollout=RolloutConfig(env=Adder, max_new_tokens=8, max_total_tokens=64))
+
+
+def test_startup_renders_the_tools_into_prompts(tmp_path):
+    from rlcore.preflight import load_inputs
+    tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
+    prompt = tokenizer.decode(table[0]["prompt_ids"])
+    assert prompt.startswith("<|im_start|>system\n# Tools") and prompt.endswith("2+40?<|im_end|>\n<|im_start|>assistant\n")
+    assert json.dumps(Adder.toolbox.schemas[1]) in prompt and envs.max_turns == 3
+    assert envs.encode([{"role": "tool", "content": "42"}]) == tokenizer.encode(
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        add_special_tokens=False)
+
+
+def test_startup_refuses_tools_the_model_cannot_see(tmp_path):
+    from rlcore.data import load_tokenizer
+    from rlcore.rollout.collect import make_envs
+    cfg = startup_config(tmp_path, chat_template=False)
+    with pytest.raises(ValueError, match=r"^rollout.env '.*Adder' declares tools, which reach the model through its "
+                                         r"chat template: set data.chat_template=true$"):
+        make_envs(cfg, load_tokenizer(cfg.model.path), {"prompt": "2+40?"}, 256)
+    no_tools = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg = startup_config(tmp_path, template=no_tools)
+    with pytest.raises(ValueError, match=f"^the chat template of {cfg.model.path} does not render tools"):
+        make_envs(cfg, load_tokenizer(cfg.model.path), {"prompt": "2+40?"}, 256)
+
+
+def test_tool_envs_step_concurrently():
+    """rlcore steps environments in a thread pool: each trajectory's ToolEnv keeps its own counts."""
+    from rlcore.rollout.env import call_all
+    envs = [Adder({}) for _ in range(16)]
+    calls = [lambda e=e, k=k: e.step(f'<tool_call>{{"name": "add", "arguments": {{"a": {k}, "b": 1}}}}</tool_call>'
+                                     + "<tool_call>{}</tool_call>" * (k % 2), []) for k, e in enumerate(envs)]
+    outs = call_all(calls, timeout_s=10.0, workers=4)
+    assert [o.value.observation[0]["content"] for o in outs] == [str(k + 1) for k in range(16)]
+    assert [e.stats.malformed for e in envs] == [k % 2 for k in range(16)]
+    assert sum((e.stats for e in envs), ToolStats()) == ToolStats(calls=24, malformed=8)

@@ -309,6 +309,13 @@ class Toolbox:
         return messages, stats
 
 
+def declared_tools(env: Any) -> Toolbox | None:
+    """The Toolbox an environment (class or instance) declares as `toolbox`, or None: its tools go into every
+    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.collect.make_envs)."""
+    toolbox = getattr(env, "toolbox", None)
+    return toolbox if isinstance(toolbox, Toolbox) else None
+
+
 class ToolEnv(Env):
     """An environment that runs the model's tool calls (set `toolbox` in a subclass). A turn with calls, or with
     a call that does not parse, is answered with tool messages; a turn without one ends the episode, and
