@@ -8,8 +8,8 @@ import pytest
 
 from rlcore.rollout.chat import check_prefix_preserving, observation_ids
 from rlcore.rollout.env import Step, as_step
-from rlcore.rollout.tools import (PARSERS, ToolCall, Toolbox, ToolEnv, ToolStats, parse_hermes, parse_llama3,
-                                  parse_mistral, tool_schema)
+from rlcore.rollout.tools import (PARSERS, ToolCall, Toolbox, ToolEnv, ToolStats, bad_tool_calls, parse_hermes,
+                                  parse_llama3, parse_mistral, tool_calls, tool_schema)
 from rlcore.tiny import build_chat_tokenizer
 
 
@@ -282,7 +282,8 @@ def test_startup_renders_the_tools_into_prompts(tmp_path):
     from rlcore.preflight import load_inputs
     tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
     prompt = tokenizer.decode(table[0]["prompt_ids"])
-    assert prompt.startswith("<|im_start|>system\n# Tools") and prompt.endswith("2+40?<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.startswith("<|im_start|>system\n# Tools")
+    assert prompt.endswith("2+40?<|im_end|>\n<|im_start|>assistant\n")
     assert json.dumps(Adder.toolbox.schemas[1]) in prompt and envs.max_turns == 3
     assert envs.encode([{"role": "tool", "content": "42"}]) == tokenizer.encode(
         "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
@@ -313,3 +314,6 @@ def test_tool_envs_step_concurrently():
     assert [o.value.observation[0]["content"] for o in outs] == [str(k + 1) for k in range(16)]
     assert [e.stats.malformed for e in envs] == [k % 2 for k in range(16)]
     assert sum((e.stats for e in envs), ToolStats()) == ToolStats(calls=24, malformed=8)
+    # as reward functions (weight 0: logged per trajectory; negative: a cost), from the rollout's `envs` column
+    assert tool_calls([""] * 16, [""] * 16, envs=envs) == [1.0 + k % 2 for k in range(16)]
+    assert bad_tool_calls([""] * 16, [""] * 16, envs=envs) == [float(k % 2) for k in range(16)]

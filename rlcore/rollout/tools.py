@@ -64,6 +64,10 @@ class ToolStats:
     bad_arguments: int = 0  # missing, unexpected or wrongly typed arguments
     tool_raised: int = 0
 
+    @property
+    def bad(self) -> int:
+        return self.malformed + self.unknown_tool + self.bad_arguments + self.tool_raised
+
     def __add__(self, other: ToolStats) -> ToolStats:
         return ToolStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
 
@@ -314,6 +318,16 @@ def declared_tools(env: Any) -> Toolbox | None:
     prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.collect.make_envs)."""
     toolbox = getattr(env, "toolbox", None)
     return toolbox if isinstance(toolbox, Toolbox) else None
+
+
+def tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
+    """Attempted tool calls per trajectory, as a reward function: weight 0 logs it, a negative weight is a cost."""
+    return [float(env.stats.calls) for env in envs]
+
+
+def bad_tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
+    """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised), likewise."""
+    return [float(env.stats.bad) for env in envs]
 
 
 class ToolEnv(Env):
