@@ -123,7 +123,7 @@ C2 = ToolCall("divide", {"a": 1, "b": 3})
      "invalid JSON (Expecting property name enclosed in double quotes, line 1 column 39)"),
     (parse_llama3, '{"name": "add"} and then some', [], "unexpected text after the call: 'and then some'"),
     (parse_llama3, '{"parameters": {"a": 2}}', [], 'no "name" field'),
-    (parse_llama3, '{"name": 7, "parameters": {}}', [], '"name" must be a string, got integer'),
+    (parse_llama3, '{"name": 7, "parameters": {}}', [], '"name" must be a non-empty string, got 7'),
     (parse_llama3, "The sum is 42.", [], None),
     # Mistral (before v11): [TOOL_CALLS] then a JSON list; without the marker, a turn starting with [{
     (parse_mistral, '[TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 40}}]', [C1], None),
@@ -293,6 +293,11 @@ def test_startup_renders_the_tools_into_prompts(tmp_path):
 def test_startup_refuses_tools_the_model_cannot_see(tmp_path):
     from rlcore.data import load_tokenizer
     from rlcore.rollout.collect import make_envs
+    cfg = startup_config(tmp_path)
+    cfg.rollout.env = lambda row: Adder(row)
+    with pytest.raises(ValueError, match=r"^rollout.env '.*' makes environments with tools but does not declare "
+                                         r"them itself, so prompts cannot show them: name the ToolEnv subclass"):
+        make_envs(cfg, load_tokenizer(cfg.model.path), {"prompt": "2+40?"}, 256)
     cfg = startup_config(tmp_path, chat_template=False)
     with pytest.raises(ValueError, match=r"^rollout.env '.*Adder' declares tools, which reach the model through its "
                                          r"chat template: set data.chat_template=true$"):

@@ -61,6 +61,9 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
         from rlcore.rollout import chat
         chat.check_prefix_preserving(tokenizer)
     toolbox = declared_tools(env)
+    if toolbox and declared_tools(factory) is not toolbox:  # rlcore.preflight reads it from the factory
+        raise ValueError(f"rollout.env '{spec}' makes environments with tools but does not declare them itself, so "
+                         f"prompts cannot show them: name the ToolEnv subclass, or set the factory's `toolbox`")
     if toolbox and not cfg.data.chat_template:
         raise ValueError(f"rollout.env '{spec}' declares tools, which reach the model through its chat template: "
                          f"set data.chat_template=true")

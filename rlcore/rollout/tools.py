@@ -81,8 +81,10 @@ def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments",)) -> ToolCall | s
     """One decoded JSON call -> a ToolCall, or what is wrong with it."""
     if not isinstance(obj, dict):
         return f"a call must be a JSON object, got {_json_type(obj)}"
-    if not isinstance(obj.get("name"), str) or not obj["name"]:
-        return 'no "name" field' if "name" not in obj else f'"name" must be a string, got {_json_type(obj["name"])}'
+    if "name" not in obj:
+        return 'no "name" field'
+    if not isinstance(obj["name"], str) or not obj["name"]:
+        return f'"name" must be a non-empty string, got {json.dumps(obj["name"])}'
     key = next((k for k in args_keys if k in obj), args_keys[0])
     args = obj.get(key, {})  # a tool without arguments may be called without the field
     if not isinstance(args, dict):
@@ -246,7 +248,9 @@ def tool_schema(fn: Any, position: int) -> dict:
 
 class Toolbox:
     """Declared tools, their schemas and a call format; shared read-only by every trajectory (thread-safe as
-    long as the tools themselves are). `async def` tools run to completion on the calling thread."""
+    long as the tools themselves are). `async def` tools run to completion on the calling thread, which must
+    not be running an event loop (rlcore's environment workers are not). Results longer than `max_chars`
+    characters are cut, so one runaway tool output cannot fill the context."""
 
     def __init__(self, tools: list[Callable], format: str = "hermes", max_chars: int = 2000):
         if format not in PARSERS:
