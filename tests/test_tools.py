@@ -322,3 +322,34 @@ def test_tool_envs_step_concurrently():
     # as reward functions (weight 0: logged per trajectory; negative: a cost), from the rollout's `envs` column
     assert tool_calls([""] * 16, [""] * 16, envs=envs) == [1.0 + k % 2 for k in range(16)]
     assert bad_tool_calls([""] * 16, [""] * 16, envs=envs) == [float(k % 2) for k in range(16)]
+
+
+def test_a_tool_call_rollout_reads_as_the_chat_it_is(tmp_path):
+    """The turn loop (rlcore.rollout.turns) with a scripted engine, the startup path's Envs and a ToolEnv: the
+    model calls a tool, the tool answers, the model answers. Prompt + tokens equal the chat template's render
+    of the whole conversation (tools included) token for token; the answer ends the trajectory."""
+    from rlcore.preflight import load_inputs
+    from rlcore.rollout.engine import Sample
+    from rlcore.rollout.turns import Trajectory, rollout
+    tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
+    turns = ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 40}}\n</tool_call>', "It is 42."]
+
+    class Engine:  # the model says turns[k] in its k-th turn, then <|im_end|> (its EOS)
+        calls = 0
+
+        def generate(self, prompts, n, max_tokens, temperature, seeds, stop_token_ids=None):
+            ids = tokenizer.encode(turns[self.calls], add_special_tokens=False) + [tokenizer.eos_token_id]
+            self.calls += 1
+            return [[Sample(ids, [-0.5] * len(ids), "stop")]]
+
+    x = Trajectory(list(table[0]["prompt_ids"]), {"prompt": "2+40?"}, seed=0, owner=0)
+    rollout(Engine(), [x], envs, max_new_tokens=128, max_total=512, group_size=1, temperature=1.0, tp_rank=0,
+            tp_group=None)
+    conv = [{"role": "user", "content": "2+40?"}, {"role": "assistant", "content": turns[0]},
+            {"role": "tool", "content": "42"}, {"role": "assistant", "content": turns[1]}]
+    full = tokenizer.apply_chat_template(conv, tools=Adder.toolbox.schemas, tokenize=True)
+    full = list(full["input_ids"] if hasattr(full, "keys") else full)
+    assert x.prompt_ids + x.tokens == full[:-1]  # the template's "\n" after the last <|im_end|> is never sampled
+    sampled = tokenizer.decode([t for t, s in zip(x.tokens, x.sampled) if s])
+    assert sampled == f"{turns[0]}<|im_end|>{turns[1]}<|im_end|>"  # only the model's tokens carry loss
+    assert x.done and not x.truncated and len(x.turns) == 2 and x.env.stats == ToolStats(calls=1)
