@@ -1,6 +1,7 @@
-"""Native tool calls (rlcore.rollout.tools): schemas from typed functions, one-line startup errors, the parser
-of each model family, execution errors as messages the model reads (and their counts), and tools rendered
-through a real chat template (rlcore.tiny's Hermes template on a character-level tokenizer built here)."""
+"""Native tool calls (rlcore.rollout.tools and .toolcall): schemas from typed functions, one-line startup
+errors, the parser of each model family, execution errors as messages the model reads (and their counts),
+tools rendered through a real chat template (rlcore.tiny's Hermes template on a character-level tokenizer)
+on the startup path, and a tool-call rollout through the turn loop."""
 import asyncio
 import json
 
@@ -8,8 +9,8 @@ import pytest
 
 from rlcore.rollout.chat import check_prefix_preserving, observation_ids
 from rlcore.rollout.env import Step, as_step
-from rlcore.rollout.tools import (PARSERS, ToolCall, Toolbox, ToolEnv, ToolStats, bad_tool_calls, parse_hermes,
-                                  parse_llama3, parse_mistral, tool_calls, tool_schema)
+from rlcore.rollout.toolcall import PARSERS, ToolCall, parse_hermes, parse_llama3, parse_mistral
+from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, bad_tool_calls, tool_calls, tool_schema
 from rlcore.tiny import build_chat_tokenizer
 
 
