@@ -211,6 +211,8 @@ def test_long_results_are_cut():
     assert Toolbox([echo], max_chars=4).call(ToolCall("echo", {"text": "abcdefg"})) == \
         ("abcd... [3 more characters]", None)
     assert Toolbox([echo]).call(ToolCall("echo", {"text": {"k": [1]}}))[1] == "bad_arguments"
+    assert Toolbox([divide], max_chars=30).call(ToolCall("divide", {"a": 1, "b": 0})) == \
+        ("error: divide raised ZeroDivis... [26 more characters]", "tool_raised")
 
 
 # ---- the environment and the chat template ----------------------------------------------------------------

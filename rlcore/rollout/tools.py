@@ -51,7 +51,7 @@ from rlcore.rollout.toolcall import PARSERS, ToolCall, json_type
 @dataclass
 class ToolStats:
     """Counts over tool calls; add them up across turns and trajectories (`a + b`, `sum(stats, ToolStats())`)."""
-    calls: int = 0  # attempted calls, bad ones included (an unparsable turn counts one)
+    calls: int = 0  # attempted calls, bad ones included (what did not parse in a turn counts one)
     malformed: int = 0  # turns whose call text did not parse (bad JSON, no name, arguments not an object)
     unknown_tool: int = 0
     bad_arguments: int = 0  # missing, unexpected or wrongly typed arguments
@@ -187,11 +187,13 @@ class Toolbox:
             if inspect.iscoroutine(value):  # an async def tool: rlcore's env worker threads run no event loop
                 value = asyncio.run(value)
         except Exception as e:  # the tool's failure is the model's observation, not the run's
-            return f"error: {call.name} raised {type(e).__name__}: {one_line(e)}", "tool_raised"
-        text = value if isinstance(value, str) else json.dumps(value, default=str)
-        if len(text) > self.max_chars:
-            text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
-        return text, None
+            return self._cut(f"error: {call.name} raised {type(e).__name__}: {one_line(e)}"), "tool_raised"
+        return self._cut(value if isinstance(value, str) else json.dumps(value, default=str)), None
+
+    def _cut(self, text: str) -> str:
+        if len(text) <= self.max_chars:
+            return text
+        return text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
 
     def run(self, calls: list[ToolCall], parse_error: str | None = None) -> tuple[list[dict], ToolStats]:
         """Tool messages for a turn's calls (in order, then the parse error if any) and their counts."""
