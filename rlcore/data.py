@@ -71,7 +71,9 @@ def load_table(path: str, split: str, name: str, field: str) -> datasets.Dataset
         raise ValueError(f"{field} '{path}' could not be loaded as a hub dataset: {first}") from None
 
 
-def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field: str) -> datasets.Dataset:
+def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field: str,
+                     tools: list[dict] | None = None) -> datasets.Dataset:
+    """Prompt ids per row; `tools` (JSON schemas, rlcore.rollout.tools) are rendered by the chat template."""
     if cfg.prompt_column not in table.column_names:
         raise ValueError(f"data.prompt_column '{cfg.prompt_column}' is not a column of {field} "
                          f"(columns: {', '.join(table.column_names)})")
@@ -81,7 +83,7 @@ def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field:
         if cfg.chat_template:
             turns = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
             turns.append({"role": "user", "content": text})
-            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True)
             ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
         else:
             ids = tokenizer(text).input_ids

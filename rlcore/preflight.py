@@ -27,6 +27,7 @@ from rlcore.errors import describe
 from rlcore.parallel import ParallelDims
 from rlcore.rollout.collect import make_envs
 from rlcore.rollout.engine import check_architecture
+from rlcore.rollout.tools import declared_tools
 
 
 class InputError(ValueError):
@@ -143,12 +144,15 @@ def load_inputs(cfg: Config, vocab_size: int):
     tokenizer = load_tokenizer(cfg.model.path)
     reward_fns = [(rewards.resolve(spec.fn, f"rewards[{i}].fn"), spec.weight)
                   for i, spec in enumerate(cfg.rewards) if not spec.model]
+    # An environment with native tool calls (rlcore.rollout.tools) shows its tools in every prompt.
+    toolbox = declared_tools(rewards.resolve(cfg.rollout.env, "rollout.env")) if cfg.rollout.env else None
+    schemas = toolbox.schemas if toolbox else None
     table = tokenize_prompts(load_table(cfg.data.path, cfg.data.split, cfg.data.name, "data.path"),
-                             cfg.data, tokenizer, "data.path")
+                             cfg.data, tokenizer, "data.path", schemas)
     envs = make_envs(cfg, tokenizer, table[0], vocab_size)  # one instance from the first row, checked
     eval_rows = []
     if cfg.data.eval_path:
         held_out = tokenize_prompts(load_table(cfg.data.eval_path, cfg.data.eval_split, cfg.data.name,
-                                               "data.eval_path"), cfg.data, tokenizer, "data.eval_path")
+                                               "data.eval_path"), cfg.data, tokenizer, "data.eval_path", schemas)
         eval_rows = list(held_out.select(range(min(len(held_out), cfg.data.eval_size or len(held_out)))))
     return tokenizer, reward_fns, table, envs, eval_rows

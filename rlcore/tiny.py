@@ -72,6 +72,62 @@ def build_tokenizer():
                                    pad_token="<pad>", unk_token="<unk>")
 
 
+# rlcore's tiny-model chat template with tools: ChatML turns and the Hermes tool-call layout of Qwen2.5-style
+# templates (written for rlcore, not a copy): tools as JSON lines in <tools> inside the system turn, calls as
+# <tool_call> blocks in the assistant turn, consecutive tool messages as one user turn of <tool_response> blocks.
+HERMES_TEMPLATE = r"""
+{%- if tools %}
+{{- '<|im_start|>system\n' }}
+{%- if messages[0].role == 'system' %}{{- messages[0].content + '\n\n' }}{%- endif %}
+{{- '# Tools\n\nYou may call these functions, given as JSON schemas:\n<tools>' }}
+{%- for tool in tools %}{{- '\n' + (tool | tojson) }}{%- endfor %}
+{{- '\n</tools>\n\nTo call one, write its name and arguments as a JSON object between tags:\n<tool_call>\n'
+    + '{"name": <function name>, "arguments": <arguments object>}\n</tool_call><|im_end|>\n' }}
+{%- elif messages[0].role == 'system' %}
+{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+{%- endif %}
+{%- for m in messages %}
+{%- if m.role == 'system' and loop.first %}
+{%- elif m.role == 'tool' %}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
+{{- '\n<tool_response>\n' + m.content + '\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}
+{%- elif m.role == 'assistant' %}
+{{- '<|im_start|>assistant\n' + (m.content or '') }}
+{%- for call in m.tool_calls or [] %}
+{%- set f = call.function if call.function is defined else call %}
+{{- ('\n' if m.content or not loop.first else '') + '<tool_call>\n{"name": "' + f.name + '", "arguments": '
+    + (f.arguments if f.arguments is string else f.arguments | tojson) + '}\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\n' }}
+{%- else %}
+{{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
+"""
+
+
+def build_chat_tokenizer(template: str | None = HERMES_TEMPLATE):
+    """One token per printable ASCII character, plus ChatML's special tokens and the tool-call tags (added,
+    not special: Qwen2.5 marks them the same way, so a decode that drops special tokens keeps them), with
+    `template` as the chat template: a tool-calling tokenizer for tests, built without a hub."""
+    import string
+
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    specials = ["<pad>", "<unk>", "<|im_start|>", "<|im_end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + ["<tool_call>", "</tool_call>"] + sorted(set(string.printable)))}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
+                                  extra_special_tokens=specials[2:])
+    tok.add_tokens(["<tool_call>", "</tool_call>"])
+    tok.chat_template = template
+    return tok
+
+
 def tiny_config(arch: str = "qwen2"):
     """The same tiny shape in three architectures. head_dim 32: vLLM's CPU attention rejects 16."""
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config

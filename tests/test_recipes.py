@@ -90,8 +90,9 @@ def test_every_recipe_loads():
 
 
 def test_tool_recipe_is_valid_and_its_calculator_answers():
-    """recipe=grpo_tools: grpo's node and model, a calculator environment over up to 4 turns. Its tool answers
-    well-formed calls, explains malformed ones in a tool message, and ends the trajectory on a final answer."""
+    """recipe=grpo_tools: grpo's node and model, a calculator tool (native Hermes calls, rlcore.rollout.tools)
+    over up to 4 turns. It answers well-formed calls, explains bad ones in a tool message, and ends the
+    trajectory on a final answer."""
     from rlcore.rollout.env import Step, as_step
     cfg = load_recipe("grpo_tools", ROOT / "recipes")
     dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
@@ -101,10 +102,12 @@ def test_tool_recipe_is_valid_and_its_calculator_answers():
     assert cfg.rollout.max_total_tokens >= cfg.rollout.max_new_tokens and cfg.data.chat_template
     env = cfg.rollout.env({"question": "...", "answer": "#### 42"})
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*4-6"}}</tool_call>'
-    assert as_step(env.step(f"Let me compute. {call}", [])) == Step([{"role": "tool", "content": "42"}])
+    assert as_step(env.step(f"Let me compute. {call}", [])) == \
+        Step([{"role": "tool", "name": "calculator", "content": "42"}])
     assert as_step(env.step('<tool_call>{"expression": "1/0"}</tool_call>', [])).observation[0]["content"] == \
-        "error: KeyError: 'arguments'"
+        'error: malformed tool call: no "name" field'
     bad = as_step(env.step('<tool_call>{"name": "calculator", "arguments": {"expression": "__import__(1)"}}'
                            '</tool_call>', []))
-    assert bad.observation[0]["content"].startswith("error: ValueError: unsupported expression") and not bad.done
-    assert as_step(env.step("So the answer is\n#### 42", [])) == Step(None, 0.0, True) and env.calls == 3
+    assert bad.observation[0]["content"].startswith("error: calculator raised ValueError: unsupported expression")
+    assert not bad.done
+    assert as_step(env.step("So the answer is\n#### 42", [])) == Step(None, 0.0, True) and env.stats.calls == 3

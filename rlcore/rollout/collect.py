@@ -20,6 +20,7 @@ from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
 from rlcore.rollout.env import call_all, check_env
+from rlcore.rollout.tools import declared_tools
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
 
 if TYPE_CHECKING:
@@ -59,6 +60,15 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     if cfg.data.chat_template:
         from rlcore.rollout import chat
         chat.check_prefix_preserving(tokenizer)
+    toolbox = declared_tools(env)
+    if toolbox and declared_tools(factory) is not toolbox:  # rlcore.preflight reads it from the factory
+        raise ValueError(f"rollout.env '{spec}' makes environments with tools but does not declare them itself, so "
+                         f"prompts cannot show them: name the ToolEnv subclass, or set the factory's `toolbox`")
+    if toolbox and not cfg.data.chat_template:
+        raise ValueError(f"rollout.env '{spec}' declares tools, which reach the model through its chat template: "
+                         f"set data.chat_template=true")
+    if toolbox:
+        toolbox.check_template(tokenizer, cfg.model.path)
 
     def encode(obs) -> list[int]:
         if isinstance(obs, str):
