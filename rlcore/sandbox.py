@@ -1,0 +1,403 @@
+"""Sandboxed execution of model-written Python, for reward functions and environments.
+
+    sandbox = Sandbox(SandboxConfig(timeout_s=5, workers=2))     # or Sandbox(timeout_s=5)
+    result = sandbox.run("print(sum(range(10)))")                  # thread-safe; `await sandbox.arun(code)`
+    result.ok, result.stdout, result.status                        # True, "45\n", "ok"
+    observation = result.text()                                    # stdout + stderr + "[status ...]" if not ok
+    sandbox.status      # {"network_isolated": True, "user_dropped": True, "uid": ..., "workers": 2}
+    sandbox.close()                                                # also at exit
+
+A few warm workers (`python -I`, started once with an empty environment, each in its own session) read code
+from a pipe and fork a fresh child per call. The child starts its own session, takes the limits
+(RLIMIT_CPU/AS/FSIZE/NPROC/NOFILE, no core files), a fresh scratch directory as cwd, HOME and TMPDIR,
+/dev/null as stdin and pipes as stdout/stderr, and runs the code. The worker kills the child's group at the
+wall-clock deadline or when an output passes max_output_bytes, reaps everything, removes the scratch
+directory and answers with one JSON line. The trainer is never forked (no preexec_fn: it has threads).
+
+Set up once per worker, where the system allows it (`status` says what is active):
+- network: a new, empty network namespace (unshare CLONE_NEWNET as root; CLONE_NEWUSER|CLONE_NEWNET
+  otherwise). Where it is refused (Docker's default seccomp, many k8s pods) the code keeps the host's network
+  and `status["network_isolated"]` is False.
+- user: as root the worker drops to a uid of its own (setgroups/setgid/setuid, no name needed), so
+  RLIMIT_NPROC binds, the trainer's files and processes are out of reach, and `kill(-1)` after each call ends
+  every process the code left, escaped sessions included. Not root: the code runs as the trainer's user,
+  only the child's process group is killed, and max_processes counts all of that user's processes.
+
+Outcomes are a `Result`, never an exception: status is "ok", "error" (exception or non-zero exit, the
+traceback in stderr), "timeout" (wall clock or CPU limit), "memory" (MemoryError under the address-space
+limit), "output_truncated", or "killed" (a signal, or the code killed its worker; the worker is replaced).
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import json
+import math
+import os
+import queue
+import resource
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+       "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread each: numpy starts under RLIMIT_AS
+NOFILE = 256  # open files per process in the sandbox
+GRACE_S = 5.0  # the trainer gives a worker this long past timeout_s (fork, reaping, cleanup) before killing it
+TRUNCATED = "\n[output truncated]\n"
+
+
+@dataclass
+class SandboxConfig:
+    timeout_s: float = 10.0  # wall clock per call; then the child's process group is killed, seconds
+    cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
+    memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
+    file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
+    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
+    max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
+    workers: int = 2  # warm worker processes: calls that run at once
+    # modules each worker imports before it drops its user: free in every call, and the only ones there are
+    # where the sandbox user cannot read the Python installation (e.g. a Python under /root, mode 0o700)
+    preload: list[str] = field(default_factory=lambda: [
+        "math", "cmath", "json", "re", "collections", "itertools", "functools", "operator", "random", "string",
+        "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "copy", "typing", "textwrap"])
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if name == "preload":
+                continue
+            whole = name not in ("timeout_s", "cpu_s")
+            ok = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
+            if not ok or not math.isfinite(value) or value <= 0:
+                kind = "a whole number >= 1" if whole else "a number of seconds > 0"
+                raise ValueError(f"sandbox.{name} must be {kind}, got {value!r}")
+
+
+@dataclass
+class Result:
+    ok: bool  # status == "ok"
+    status: str  # ok | error | timeout | memory | output_truncated | killed
+    stdout: str
+    stderr: str
+    exit_code: int | None  # the child's exit code; -N for signal N; None when there was no exit to read
+    seconds: float  # wall time of the call as the trainer saw it
+
+    def text(self) -> str:
+        """What an observation shows the model: stdout, stderr, and one line unless the run was clean."""
+        tail = "" if self.ok else f"[{self.status}, exit code {self.exit_code}, {self.seconds:.2f} s]"
+        return "".join(s if s.endswith("\n") or not s else s + "\n" for s in (self.stdout, self.stderr)) + tail
+
+
+class Sandbox:
+    def __init__(self, config: SandboxConfig | None = None, **overrides):
+        self.config = config or SandboxConfig(**overrides)
+        # 0o711: worker users may pass through to their own 0o700 folder but not list the others
+        self._root = tempfile.mkdtemp(prefix="rlcore-sandbox-")
+        os.chmod(self._root, 0o711)
+        self._lock = threading.Lock()
+        self._closed = False
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._all = [_Worker(self.config, self._root) for _ in range(self.config.workers)]
+        for w in self._all:
+            w.wait_ready()
+            self._idle.put(w)
+        hello = [w.hello for w in self._all]
+        self.status = {"network_isolated": all(h["network_isolated"] for h in hello),
+                       "user_dropped": all(h["user_dropped"] for h in hello),
+                       "stdlib_readable": all(h["stdlib_readable"] for h in hello),
+                       "uid": [h["uid"] for h in hello], "workers": self.config.workers}
+        atexit.register(self.close)
+
+    def run(self, code: str) -> Result:
+        """Run `code` in a fresh child of a free worker (blocks until one is free); never raises for what the
+        code does."""
+        worker = self._idle.get()
+        if worker is None:  # closed: pass the news on to the next waiter
+            self._idle.put(None)
+            raise RuntimeError("the sandbox is closed")
+        try:
+            return worker.call(code)
+        finally:
+            with self._lock:
+                if not worker.alive() and not self._closed:  # the code killed it: same slot, fresh process
+                    worker.stop()
+                    worker = _Worker(self.config, self._root, worker.uid)
+                    self._all = [worker if w.uid == worker.uid else w for w in self._all]
+                    worker.wait_ready()
+            self._idle.put(worker)
+
+    async def arun(self, code: str) -> Result:
+        return await asyncio.to_thread(self.run, code)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        # calls in flight end by their own deadline; then every worker is stopped and reaped
+        deadline = time.monotonic() + self.config.timeout_s + GRACE_S + 1
+        for _ in self._all:
+            try:
+                self._idle.get(timeout=max(deadline - time.monotonic(), 0)).stop()
+            except queue.Empty:
+                break
+        for w in self._all:
+            w.stop()
+        self._idle.put(None)
+        shutil.rmtree(self._root, ignore_errors=True)
+        atexit.unregister(self.close)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_slots = itertools.count()
+
+
+class _Worker:
+    """The trainer's side of one worker process: start it, send code, read the answer by a deadline."""
+
+    def __init__(self, config: SandboxConfig, root: str, uid: int | None = None):
+        # a uid of its own per worker (2^30 + pid * 256 + slot: used by no account, unique among live
+        # trainers), so that the worker's kill(-1) reaches only its own leftovers
+        self.uid = uid or 2**30 + (os.getpid() % 2**22) * 256 + next(_slots) % 256
+        self.config, self.home = config, os.path.join(root, str(self.uid))
+        os.makedirs(self.home, mode=0o700, exist_ok=True)
+        if os.geteuid() == 0:
+            os.chown(self.home, self.uid, self.uid)
+        with open(__file__) as f:
+            source = f.read()
+        args = json.dumps(vars(config) | {"home": self.home, "uid": self.uid})
+        self.proc = subprocess.Popen([sys.executable, "-I", "-c", source, "--worker", args], env=ENV,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root,
+                                     start_new_session=True)
+        self.buffer = b""
+
+    def wait_ready(self) -> None:
+        line = self._read_line(time.monotonic() + 60)
+        if line is None:
+            self.stop()
+            raise RuntimeError(f"a sandbox worker did not start (exit code {self.proc.returncode})")
+        self.hello = json.loads(line)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def call(self, code: str) -> Result:
+        start = time.monotonic()
+        try:
+            self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
+            self.proc.stdin.flush()
+            line = self._read_line(start + self.config.timeout_s + GRACE_S)
+        except (OSError, ValueError):  # the worker is gone (broken pipe, or stopped by close())
+            line = None
+        if line is None:
+            self.stop()
+            return Result(False, "killed", "", "the sandbox worker was killed (the code may have killed its "
+                          "parent); it is replaced\n", None, time.monotonic() - start)
+        answer = json.loads(line)
+        return Result(answer["status"] == "ok", answer["status"], answer["stdout"], answer["stderr"],
+                      answer["exit_code"], time.monotonic() - start)
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """One line from the worker, or None on EOF, past the deadline or past a sane size."""
+        fd, limit = self.proc.stdout.fileno(), 16 * self.config.max_output_bytes + 65536
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(self.buffer) > limit or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return line
+
+    def stop(self) -> None:
+        """EOF asks the worker to clean up and exit; a worker that does not is killed with its group."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=2)
+        except (OSError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+# ---- the worker process (this file run as `python -I -c <source> --worker <json>`; stdlib only) ----
+
+def _worker(cfg: dict) -> None:
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    root = os.geteuid() == 0
+    # a new network namespace has only a loopback device, down: every connect fails
+    clone_newnet, clone_newuser = 0x40000000, 0x10000000
+    isolated = libc.unshare(clone_newnet if root else clone_newnet | clone_newuser) == 0
+    for name in cfg["preload"]:
+        __import__(name)
+    dropped = False
+    if root:
+        try:
+            os.setgroups([])
+            os.setgid(cfg["uid"])
+            os.setuid(cfg["uid"])
+            dropped = True
+        except OSError:  # e.g. a user namespace without that uid mapped: stay as we are
+            pass
+    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the code's orphans become our children, to reap
+    _reap(None, dropped)  # what a predecessor in this slot left behind (it was killed)
+    for name in os.listdir(cfg["home"]):
+        shutil.rmtree(os.path.join(cfg["home"], name), ignore_errors=True)
+    out = os.fdopen(1, "wb")
+
+    def answer(obj: dict) -> None:
+        out.write(json.dumps(obj).encode() + b"\n")
+        out.flush()  # an empty buffer before every fork: the child must not inherit pending bytes
+
+    answer({"network_isolated": isolated, "user_dropped": dropped, "uid": os.getuid(),
+            "stdlib_readable": os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)})
+    for line in sys.stdin.buffer:
+        answer(_execute(json.loads(line)["code"], cfg, dropped))
+    _reap(None, dropped)
+
+
+def _execute(code: str, cfg: dict, dropped: bool) -> dict:
+    scratch = tempfile.mkdtemp(dir=cfg["home"])
+    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        _child(code, scratch, out_w, err_w, cfg)
+    os.close(out_w)
+    os.close(err_w)
+    deadline, cap = time.monotonic() + cfg["timeout_s"], cfg["max_output_bytes"]
+    bufs, pidfd = {out_r: bytearray(), err_r: bytearray()}, os.pidfd_open(pid)
+    open_fds, truncated, status = [out_r, err_r], set(), None
+    for fd in open_fds:
+        os.set_blocking(fd, False)
+    while status is None:
+        left = deadline - time.monotonic()
+        ready = select.select(open_fds + [pidfd], [], [], left)[0] if left > 0 else []
+        if not ready:
+            status = "timeout"
+        # once the child exits take what its pipes hold; a grandchild holding them open is not waited for
+        for fd in list(open_fds) if pidfd in ready else [fd for fd in ready if fd != pidfd]:
+            while chunk := _read(fd):
+                bufs[fd] += chunk
+                if len(bufs[fd]) > cap:
+                    del bufs[fd][cap:]
+                    truncated.add(fd)
+                    status = "output_truncated"
+                    break
+            if chunk == b"":
+                open_fds.remove(fd)
+        if pidfd in ready:
+            break
+    _reap(pid, dropped)
+    exit_code = _exit_codes.pop(pid, None)
+    for fd in (out_r, err_r, pidfd):
+        os.close(fd)
+    shutil.rmtree(scratch, ignore_errors=True)
+    stdout, stderr = (bufs[fd].decode(errors="replace") + (TRUNCATED if fd in truncated else "")
+                      for fd in (out_r, err_r))
+    if status is None:
+        if exit_code == -signal.SIGXCPU:
+            status = "timeout"  # RLIMIT_CPU
+        elif exit_code is not None and exit_code < 0:
+            status = "killed"
+        elif exit_code and stderr.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError"):
+            status = "memory"
+        else:
+            status = "ok" if exit_code == 0 else "error"
+    return {"status": status, "stdout": stdout, "stderr": stderr, "exit_code": exit_code}
+
+
+def _read(fd: int) -> bytes | None:
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+
+
+_exit_codes: dict[int, int] = {}
+
+
+def _reap(pid: int | None, dropped: bool) -> None:
+    """Kill the child's group (and, as our own uid, every process of it) and reap all; keep pid's exit code."""
+    if pid is not None:
+        for kill, target in ((os.killpg, pid), (os.kill, pid)):  # the child may have left its group
+            try:
+                kill(target, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _exit_codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    while True:
+        if dropped:  # everything of our uid but us; run again after each reap in case one was mid-fork
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            done, status = os.waitpid(-1, 0 if dropped else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if done == 0:
+            return
+        _exit_codes[done] = os.waitstatus_to_exitcode(status)
+
+
+def _child(code: str, scratch: str, out_w: int, err_w: int, cfg: dict) -> None:
+    exit_code = 1
+    try:
+        os.setsid()
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        os.closerange(3, 1 << 20)  # the worker's pipes to the trainer included
+        mib, cpu = 1 << 20, math.ceil(cfg["cpu_s"])
+        for res, value in ((resource.RLIMIT_AS, cfg["memory_mb"] * mib), (resource.RLIMIT_FSIZE, cfg["file_mb"] * mib),
+                           (resource.RLIMIT_NPROC, cfg["max_processes"]), (resource.RLIMIT_NOFILE, NOFILE),
+                           (resource.RLIMIT_CORE, 0)):
+            resource.setrlimit(res, (value, value))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU first, SIGKILL a second later
+        os.chdir(scratch)
+        os.environ.clear()
+        os.environ.update(ENV, HOME=scratch, TMPDIR=scratch)
+        tempfile.tempdir = None
+        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
+        sys.argv = ["<sandbox>"]
+        import linecache
+        linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")  # source in tracebacks
+        exec(compile(code, "<sandbox>", "exec"), {"__name__": "__main__"})
+        exit_code = 0
+    except SystemExit as e:
+        exit_code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException as e:  # the code's own exception: its traceback, without this frame, is the output
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken by the code
+                pass
+        os._exit(exit_code & 0xFF)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker(json.loads(sys.argv[2]))
