@@ -4,15 +4,16 @@
     result = sandbox.run("print(sum(range(10)))")                  # thread-safe; `await sandbox.arun(code)`
     result.ok, result.stdout, result.status                        # True, "45\n", "ok"
     observation = result.text()                                    # stdout + stderr + "[status ...]" if not ok
-    sandbox.status      # {"network_isolated": True, "user_dropped": True, "uid": ..., "workers": 2}
+    sandbox.status      # {"network_isolated": True, "user_dropped": True, "stdlib_readable": True, ...}
     sandbox.close()                                                # also at exit
 
-A few warm workers (`python -I`, started once with an empty environment, each in its own session) read code
-from a pipe and fork a fresh child per call. The child starts its own session, takes the limits
-(RLIMIT_CPU/AS/FSIZE/NPROC/NOFILE, no core files), a fresh scratch directory as cwd, HOME and TMPDIR,
-/dev/null as stdin and pipes as stdout/stderr, and runs the code. The worker kills the child's group at the
-wall-clock deadline or when an output passes max_output_bytes, reaps everything, removes the scratch
-directory and answers with one JSON line. The trainer is never forked (no preexec_fn: it has threads).
+A few warm workers (rlcore/sandbox_worker.py under `python -I`, started once with an empty environment, each
+in its own session) read code from a pipe and fork a fresh child per call. The child takes its own session,
+the limits (RLIMIT_CPU/AS/FSIZE/NPROC/NOFILE, no core files), a fresh scratch directory as cwd, HOME and
+TMPDIR, /dev/null as stdin and pipes as stdout/stderr, and runs the code. The worker kills the child's group
+at the wall-clock deadline or when an output passes max_output_bytes, reaps everything, removes the scratch
+directory and answers one JSON line. The trainer is never forked (no preexec_fn: it has threads). Every read
+of the trainer has a deadline; a worker that dies (the code may kill it) is a "killed" result and is replaced.
 
 Set up once per worker, where the system allows it (`status` says what is active):
 - network: a new, empty network namespace (unshare CLONE_NEWNET as root; CLONE_NEWUSER|CLONE_NEWNET
@@ -36,7 +37,6 @@ import json
 import math
 import os
 import queue
-import resource
 import select
 import shutil
 import signal
@@ -45,14 +45,10 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-       "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread each: numpy starts under RLIMIT_AS
-NOFILE = 256  # open files per process in the sandbox
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 GRACE_S = 5.0  # the trainer gives a worker this long past timeout_s (fork, reaping, cleanup) before killing it
-TRUNCATED = "\n[output truncated]\n"
 
 
 @dataclass
@@ -128,11 +124,18 @@ class Sandbox:
         finally:
             with self._lock:
                 if not worker.alive() and not self._closed:  # the code killed it: same slot, fresh process
-                    worker.stop()
-                    worker = _Worker(self.config, self._root, worker.uid)
-                    self._all = [worker if w.uid == worker.uid else w for w in self._all]
-                    worker.wait_ready()
+                    worker = self._replace(worker)
             self._idle.put(worker)
+
+    def _replace(self, dead: _Worker) -> _Worker:
+        dead.stop()
+        try:
+            fresh = _Worker(self.config, self._root, dead.uid)
+            fresh.wait_ready()
+        except (OSError, RuntimeError):  # cannot start now: the next call on this slot tries again
+            return dead
+        self._all = [fresh if w is dead else w for w in self._all]
+        return fresh
 
     async def arun(self, code: str) -> Result:
         return await asyncio.to_thread(self.run, code)
@@ -176,10 +179,8 @@ class _Worker:
         os.makedirs(self.home, mode=0o700, exist_ok=True)
         if os.geteuid() == 0:
             os.chown(self.home, self.uid, self.uid)
-        with open(__file__) as f:
-            source = f.read()
         args = json.dumps(vars(config) | {"home": self.home, "uid": self.uid})
-        self.proc = subprocess.Popen([sys.executable, "-I", "-c", source, "--worker", args], env=ENV,
+        self.proc = subprocess.Popen([sys.executable, "-I", WORKER, args], env={},
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root,
                                      start_new_session=True)
         self.buffer = b""
@@ -236,168 +237,3 @@ class _Worker:
                 pass
             self.proc.wait()
         self.proc.stdout.close()
-
-
-# ---- the worker process (this file run as `python -I -c <source> --worker <json>`; stdlib only) ----
-
-def _worker(cfg: dict) -> None:
-    import ctypes
-    libc = ctypes.CDLL(None, use_errno=True)
-    root = os.geteuid() == 0
-    # a new network namespace has only a loopback device, down: every connect fails
-    clone_newnet, clone_newuser = 0x40000000, 0x10000000
-    isolated = libc.unshare(clone_newnet if root else clone_newnet | clone_newuser) == 0
-    for name in cfg["preload"]:
-        __import__(name)
-    dropped = False
-    if root:
-        try:
-            os.setgroups([])
-            os.setgid(cfg["uid"])
-            os.setuid(cfg["uid"])
-            dropped = True
-        except OSError:  # e.g. a user namespace without that uid mapped: stay as we are
-            pass
-    libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the code's orphans become our children, to reap
-    _reap(None, dropped)  # what a predecessor in this slot left behind (it was killed)
-    for name in os.listdir(cfg["home"]):
-        shutil.rmtree(os.path.join(cfg["home"], name), ignore_errors=True)
-    out = os.fdopen(1, "wb")
-
-    def answer(obj: dict) -> None:
-        out.write(json.dumps(obj).encode() + b"\n")
-        out.flush()  # an empty buffer before every fork: the child must not inherit pending bytes
-
-    answer({"network_isolated": isolated, "user_dropped": dropped, "uid": os.getuid(),
-            "stdlib_readable": os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)})
-    for line in sys.stdin.buffer:
-        answer(_execute(json.loads(line)["code"], cfg, dropped))
-    _reap(None, dropped)
-
-
-def _execute(code: str, cfg: dict, dropped: bool) -> dict:
-    scratch = tempfile.mkdtemp(dir=cfg["home"])
-    (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        _child(code, scratch, out_w, err_w, cfg)
-    os.close(out_w)
-    os.close(err_w)
-    deadline, cap = time.monotonic() + cfg["timeout_s"], cfg["max_output_bytes"]
-    bufs, pidfd = {out_r: bytearray(), err_r: bytearray()}, os.pidfd_open(pid)
-    open_fds, truncated, status = [out_r, err_r], set(), None
-    for fd in open_fds:
-        os.set_blocking(fd, False)
-    while status is None:
-        left = deadline - time.monotonic()
-        ready = select.select(open_fds + [pidfd], [], [], left)[0] if left > 0 else []
-        if not ready:
-            status = "timeout"
-        # once the child exits take what its pipes hold; a grandchild holding them open is not waited for
-        for fd in list(open_fds) if pidfd in ready else [fd for fd in ready if fd != pidfd]:
-            while chunk := _read(fd):
-                bufs[fd] += chunk
-                if len(bufs[fd]) > cap:
-                    del bufs[fd][cap:]
-                    truncated.add(fd)
-                    status = "output_truncated"
-                    break
-            if chunk == b"":
-                open_fds.remove(fd)
-        if pidfd in ready:
-            break
-    _reap(pid, dropped)
-    exit_code = _exit_codes.pop(pid, None)
-    for fd in (out_r, err_r, pidfd):
-        os.close(fd)
-    shutil.rmtree(scratch, ignore_errors=True)
-    stdout, stderr = (bufs[fd].decode(errors="replace") + (TRUNCATED if fd in truncated else "")
-                      for fd in (out_r, err_r))
-    if status is None:
-        if exit_code == -signal.SIGXCPU:
-            status = "timeout"  # RLIMIT_CPU
-        elif exit_code is not None and exit_code < 0:
-            status = "killed"
-        elif exit_code and stderr.rstrip().rsplit("\n", 1)[-1].startswith("MemoryError"):
-            status = "memory"
-        else:
-            status = "ok" if exit_code == 0 else "error"
-    return {"status": status, "stdout": stdout, "stderr": stderr, "exit_code": exit_code}
-
-
-def _read(fd: int) -> bytes | None:
-    try:
-        return os.read(fd, 65536)
-    except BlockingIOError:
-        return None
-
-
-_exit_codes: dict[int, int] = {}
-
-
-def _reap(pid: int | None, dropped: bool) -> None:
-    """Kill the child's group (and, as our own uid, every process of it) and reap all; keep pid's exit code."""
-    if pid is not None:
-        for kill, target in ((os.killpg, pid), (os.kill, pid)):  # the child may have left its group
-            try:
-                kill(target, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _exit_codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    while True:
-        if dropped:  # everything of our uid but us; run again after each reap in case one was mid-fork
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            done, status = os.waitpid(-1, 0 if dropped else os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done == 0:
-            return
-        _exit_codes[done] = os.waitstatus_to_exitcode(status)
-
-
-def _child(code: str, scratch: str, out_w: int, err_w: int, cfg: dict) -> None:
-    exit_code = 1
-    try:
-        os.setsid()
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        os.closerange(3, 1 << 20)  # the worker's pipes to the trainer included
-        mib, cpu = 1 << 20, math.ceil(cfg["cpu_s"])
-        for res, value in ((resource.RLIMIT_AS, cfg["memory_mb"] * mib), (resource.RLIMIT_FSIZE, cfg["file_mb"] * mib),
-                           (resource.RLIMIT_NPROC, cfg["max_processes"]), (resource.RLIMIT_NOFILE, NOFILE),
-                           (resource.RLIMIT_CORE, 0)):
-            resource.setrlimit(res, (value, value))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU first, SIGKILL a second later
-        os.chdir(scratch)
-        os.environ.clear()
-        os.environ.update(ENV, HOME=scratch, TMPDIR=scratch)
-        tempfile.tempdir = None
-        sys.stdout = open(1, "w", encoding="utf-8", errors="replace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="replace", closefd=False)
-        sys.argv = ["<sandbox>"]
-        import linecache
-        linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")  # source in tracebacks
-        exec(compile(code, "<sandbox>", "exec"), {"__name__": "__main__"})
-        exit_code = 0
-    except SystemExit as e:
-        exit_code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-        if not isinstance(e.code, (int, type(None))):
-            print(e.code, file=sys.stderr)
-    except BaseException as e:  # the code's own exception: its traceback, without this frame, is the output
-        traceback.print_exception(type(e), e, e.__traceback__.tb_next)
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # closed or broken by the code
-                pass
-        os._exit(exit_code & 0xFF)
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
-    _worker(json.loads(sys.argv[2]))

@@ -79,6 +79,18 @@ def test_normal_results(box):
     assert asyncio.run(box.arun("print('async')")).stdout == "async\n"
 
 
+def test_cpu_limit_and_imports():
+    with Sandbox(timeout_s=10, cpu_s=1, workers=1) as sandbox:
+        r = sandbox.run("while True: pass")
+        assert (r.status, r.exit_code) == ("timeout", -24)  # SIGXCPU from RLIMIT_CPU, before the wall clock
+        assert r.seconds < 10
+        r = sandbox.run("import fractions, wave; print(fractions.Fraction(1, 3) * 3)")  # preloaded, and not
+        if sandbox.status["stdlib_readable"]:
+            assert (r.status, r.stdout) == ("ok", "1\n")
+        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (README: "Sandbox")
+            assert r.stderr.endswith("ModuleNotFoundError: No module named 'wave'\n")
+
+
 def test_scratch_dir_fresh_and_removed(box):
     code = ("import os, tempfile\nopen('f', 'w').write('x')\n"
             "print(os.getcwd() == os.environ['HOME'] == tempfile.gettempdir(), os.listdir('.'), os.getcwd())")
