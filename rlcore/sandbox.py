@@ -19,10 +19,11 @@ Set up once per worker, where the system allows it (`status` says what is active
 - network: a new, empty network namespace (unshare CLONE_NEWNET as root; CLONE_NEWUSER|CLONE_NEWNET
   otherwise). Where it is refused (Docker's default seccomp, many k8s pods) the code keeps the host's network
   and `status["network_isolated"]` is False.
-- user: as root the worker drops to a uid of its own (setgroups/setgid/setuid, no name needed), so
-  RLIMIT_NPROC binds, the trainer's files and processes are out of reach, and `kill(-1)` after each call ends
-  every process the code left, escaped sessions included. Not root: the code runs as the trainer's user,
-  only the child's process group is killed, and max_processes counts all of that user's processes.
+- user: as root the worker stays root and each child drops to the worker's own uid (setgid/setuid, no
+  account needed) before any code runs: RLIMIT_NPROC binds, the trainer's files and processes and the
+  worker are out of the code's reach, and after each call kill(-1) as that uid ends every process the code
+  left, escaped sessions included. Not root: the code runs as the trainer's user, only the child's process
+  group is killed, and max_processes counts all of that user's processes.
 
 Outcomes are a `Result`, never an exception: status is "ok", "error" (exception or non-zero exit, the
 traceback in stderr), "timeout" (wall clock or CPU limit), "memory" (MemoryError under the address-space
@@ -95,16 +96,22 @@ class Result:
 class Sandbox:
     def __init__(self, config: SandboxConfig | None = None, **overrides):
         self.config = config or SandboxConfig(**overrides)
-        # 0o711: worker users may pass through to their own 0o700 folder but not list the others
+        # 0o711: the code's users may pass through to their own scratch directories but not list this one
         self._root = tempfile.mkdtemp(prefix="rlcore-sandbox-")
         os.chmod(self._root, 0o711)
         self._lock = threading.Lock()
         self._closed = False
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._all = [_Worker(self.config, self._root) for _ in range(self.config.workers)]
-        for w in self._all:
-            w.wait_ready()
-            self._idle.put(w)
+        try:
+            for w in self._all:
+                w.wait_ready()
+                self._idle.put(w)
+        except RuntimeError:  # one did not start: leave nothing behind
+            for w in self._all:
+                w.stop()
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise
         hello = [w.hello for w in self._all]
         self.status = {"network_isolated": all(h["network_isolated"] for h in hello),
                        "user_dropped": all(h["user_dropped"] for h in hello),
@@ -173,12 +180,10 @@ class _Worker:
 
     def __init__(self, config: SandboxConfig, root: str, uid: int | None = None):
         # a uid of its own per worker (2^30 + pid * 256 + slot: used by no account, unique among live
-        # trainers), so that the worker's kill(-1) reaches only its own leftovers
+        # trainers), so that the worker's kill(-1) as that uid reaches only its own code's processes
         self.uid = uid or 2**30 + (os.getpid() % 2**22) * 256 + next(_slots) % 256
         self.config, self.home = config, os.path.join(root, str(self.uid))
-        os.makedirs(self.home, mode=0o700, exist_ok=True)
-        if os.geteuid() == 0:
-            os.chown(self.home, self.uid, self.uid)
+        os.makedirs(self.home, mode=0o711, exist_ok=True)  # the worker's, not the code's: it cannot write here
         args = json.dumps(vars(config) | {"home": self.home, "uid": self.uid})
         self.proc = subprocess.Popen([sys.executable, "-I", WORKER, args], env={},
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=root,

@@ -38,17 +38,17 @@ def main(cfg: dict) -> None:
     isolated = libc.unshare(clone_newnet if root else clone_newnet | clone_newuser) == 0
     for name in cfg["preload"]:
         __import__(name)
-    dropped = False
+    # As root the worker stays root, out of the code's reach (it cannot signal or trace us), and each child
+    # drops to cfg["uid"]; without root everything runs as the trainer's user.
+    uid, readable = (cfg["uid"] if root else None), None
     if root:
+        os.setgroups([])
         try:
-            os.setgroups([])
-            os.setgid(cfg["uid"])
-            os.setuid(cfg["uid"])
-            dropped = True
-        except OSError:  # e.g. a user namespace without that uid mapped: stay as we are
-            pass
+            readable = _as_user(uid, lambda: os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK))
+        except OSError:  # e.g. a user namespace without that uid mapped: no drop
+            uid = None
     libc.prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: the code's orphans become our children, to reap
-    _reap(None, dropped)  # what a predecessor in this slot left behind (it was killed)
+    _reap(None, uid)  # what a predecessor in this slot left behind (if it was killed)
     for name in os.listdir(cfg["home"]):
         shutil.rmtree(os.path.join(cfg["home"], name), ignore_errors=True)
     out = os.fdopen(1, "wb")
@@ -57,19 +57,42 @@ def main(cfg: dict) -> None:
         out.write(json.dumps(obj).encode() + b"\n")
         out.flush()  # an empty buffer before every fork: the child must not inherit pending bytes
 
-    answer({"network_isolated": isolated, "user_dropped": dropped, "uid": os.getuid(),
-            "stdlib_readable": os.access(os.path.dirname(os.__file__), os.R_OK | os.X_OK)})
+    answer({"network_isolated": isolated, "user_dropped": uid is not None, "uid": os.getuid() if uid is None
+            else uid, "stdlib_readable": True if uid is None else readable})
     for line in sys.stdin.buffer:
-        answer(_execute(json.loads(line)["code"], cfg, dropped))
-    _reap(None, dropped)
+        answer(_execute(json.loads(line)["code"], cfg, uid))
+    _reap(None, uid)
 
 
-def _execute(code: str, cfg: dict, dropped: bool) -> dict:
+def _as_user(uid: int, fn):
+    """fn() with real and effective uid/gid `uid`; the saved ids stay 0, so root comes back after."""
+    os.setresgid(uid, uid, 0)
+    os.setresuid(uid, uid, 0)
+    try:
+        return fn()
+    finally:
+        os.setresuid(0, 0, 0)
+        os.setresgid(0, 0, 0)
+
+
+def _kill_all(uid: int) -> None:
+    # kill(-1) as `uid` reaches exactly that user's processes (the code's, escaped sessions too), never
+    # ours or anyone else's. While we are `uid` the code could signal us too: a worker lost in that moment
+    # is replaced like any other.
+    try:
+        _as_user(uid, lambda: os.kill(-1, signal.SIGKILL))
+    except ProcessLookupError:
+        pass
+
+
+def _execute(code: str, cfg: dict, uid: int | None) -> dict:
     scratch = tempfile.mkdtemp(dir=cfg["home"])
+    if uid is not None:
+        os.chown(scratch, uid, uid)
     (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
     pid = os.fork()
     if pid == 0:
-        _child(code, scratch, out_w, err_w, cfg)
+        _child(code, scratch, out_w, err_w, cfg, uid)
     os.close(out_w)
     os.close(err_w)
     deadline, cap = time.monotonic() + cfg["timeout_s"], cfg["max_output_bytes"]
@@ -95,7 +118,7 @@ def _execute(code: str, cfg: dict, dropped: bool) -> dict:
                 open_fds.remove(fd)
         if pidfd in ready:
             break
-    _reap(pid, dropped)
+    _reap(pid, uid)
     exit_code = _exit_codes.pop(pid, None)
     for fd in (out_r, err_r, pidfd):
         os.close(fd)
@@ -124,8 +147,8 @@ def _read(fd: int) -> bytes | None:
 _exit_codes: dict[int, int] = {}
 
 
-def _reap(pid: int | None, dropped: bool) -> None:
-    """Kill the child's group (and, as our own uid, every process of it) and reap all; keep pid's exit code."""
+def _reap(pid: int | None, uid: int | None) -> None:
+    """Kill the child and its group (with a uid: every process of that uid) and reap all; keep exit codes."""
     if pid is not None:
         for kill, target in ((os.killpg, pid), (os.kill, pid)):  # the child may have left its group
             try:
@@ -134,13 +157,10 @@ def _reap(pid: int | None, dropped: bool) -> None:
                 pass
         _exit_codes[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     while True:
-        if dropped:  # everything of our uid but us; run again after each reap in case one was mid-fork
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if uid is not None:  # again after each reap, in case one was forking
+            _kill_all(uid)
         try:
-            done, status = os.waitpid(-1, 0 if dropped else os.WNOHANG)
+            done, status = os.waitpid(-1, 0 if uid is not None else os.WNOHANG)
         except ChildProcessError:
             return
         if done == 0:
@@ -148,10 +168,13 @@ def _reap(pid: int | None, dropped: bool) -> None:
         _exit_codes[done] = os.waitstatus_to_exitcode(status)
 
 
-def _child(code: str, scratch: str, out_w: int, err_w: int, cfg: dict) -> None:
+def _child(code: str, scratch: str, out_w: int, err_w: int, cfg: dict, uid: int | None) -> None:
     exit_code = 1
     try:
         os.setsid()
+        if uid is not None:  # the worker is root: drop for good, before any of the code runs
+            os.setgid(uid)
+            os.setuid(uid)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
