@@ -13,7 +13,8 @@ the limits (RLIMIT_CPU/AS/FSIZE/NPROC/NOFILE, no core files), a fresh scratch di
 TMPDIR, /dev/null as stdin and pipes as stdout/stderr, and runs the code. The worker kills the child's group
 at the wall-clock deadline or when an output passes max_output_bytes, reaps everything, removes the scratch
 directory and answers one JSON line. The trainer is never forked (no preexec_fn: it has threads). Every read
-of the trainer has a deadline; a worker that dies (the code may kill it) is a "killed" result and is replaced.
+of the trainer has a deadline; a worker that dies (without root the code can kill it) is a "killed" result
+and is replaced.
 
 Set up once per worker, where the system allows it (`status` says what is active):
 - network: a new, empty network namespace (unshare CLONE_NEWNET as root; CLONE_NEWUSER|CLONE_NEWNET
@@ -27,7 +28,7 @@ Set up once per worker, where the system allows it (`status` says what is active
 
 Outcomes are a `Result`, never an exception: status is "ok", "error" (exception or non-zero exit, the
 traceback in stderr), "timeout" (wall clock or CPU limit), "memory" (MemoryError under the address-space
-limit), "output_truncated", or "killed" (a signal, or the code killed its worker; the worker is replaced).
+limit), "output_truncated", or "killed" (a signal, or the worker died; it is replaced).
 """
 from __future__ import annotations
 
