@@ -32,7 +32,7 @@ def box():
 
 
 def processes_of(uids) -> list[int]:
-    """Pids of live processes whose real uid is one of `uids`, the workers (our children) left out."""
+    """Pids of processes whose real uid is one of `uids`, our children (the workers) left out."""
     pids = []
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
@@ -167,11 +167,12 @@ def test_cannot_write_outside_scratch(box):
     Path(target).write_text("trainer\n")
     os.chmod(target, 0o644)
     code = (f"import os\nfor f in (lambda: open({target!r}, 'a'), lambda: os.remove({target!r}),\n"
-            f"          lambda: open({run_dir!r} + '/new', 'w'), lambda: os.chmod({target!r}, 0o777)):\n"
+            f"          lambda: open({run_dir!r} + '/new', 'w'), lambda: os.chmod({target!r}, 0o777),\n"
+            f"          lambda: open('../beside-scratch', 'w')):\n"
             f"    try:\n        f(); print('done')\n    except OSError as e:\n        print(type(e).__name__)")
     r = box.run(code)
     if box.status["user_dropped"]:
-        assert r.stdout == "PermissionError\n" * 4
+        assert r.stdout == "PermissionError\n" * 5
         assert Path(target).read_text() == "trainer\n" and os.listdir(run_dir) == ["metrics.jsonl"]
     Path(target).unlink()
     os.rmdir(run_dir)
