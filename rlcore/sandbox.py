@@ -102,7 +102,7 @@ class Sandbox:
         os.chmod(self._root, 0o711)
         self._lock = threading.Lock()
         self._closed = False
-        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._idle: queue.Queue[_Worker | None] = queue.Queue()  # None: closed
         self._all = [_Worker(self.config, self._root) for _ in range(self.config.workers)]
         try:
             for w in self._all:
@@ -131,7 +131,7 @@ class Sandbox:
             return worker.call(code)
         finally:
             with self._lock:
-                if not worker.alive() and not self._closed:  # the code killed it: same slot, fresh process
+                if not worker.alive() and not self._closed:  # it died: the same slot gets a fresh process
                     worker = self._replace(worker)
             self._idle.put(worker)
 

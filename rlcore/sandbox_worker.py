@@ -1,9 +1,9 @@
 """The sandbox's worker process: `python -I rlcore/sandbox_worker.py '<json config>'` (stdlib only).
 
 Started by rlcore.sandbox, once per pool slot. Set up once: a new network namespace where allowed, the
-preloaded modules, then (as root) a uid of its own, and child-subreaper status so that every process the
-code leaves behind becomes ours to kill and reap. Then, per line of stdin ({"code": ...}): fork a child that
-takes its own session, the limits, a fresh scratch directory and pipes for stdout/stderr, and runs the code;
+preloaded modules, and child-subreaper status so that every process the code leaves behind becomes ours to
+kill and reap. Then, per line of stdin ({"code": ...}): fork a child that takes its own session, (as root)
+the slot's uid, the limits, a fresh scratch directory and pipes for stdout/stderr, and runs the code;
 collect its output up to the cap and by the deadline; kill and reap everything; remove the scratch
 directory; answer one JSON line on stdout. EOF on stdin: clean up and exit.
 """
