@@ -1,0 +1,251 @@
+"""rlcore.sandbox: hostile code is contained, and the pool goes on serving after each case.
+
+Runs as root in CI, so the user drop and the network namespace are active there; where they are not (not
+root, no unshare) the tests that depend on them say which branch they check.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlcore.sandbox import Sandbox, SandboxConfig
+
+SECRET = "RLCORE_SANDBOX_TEST_SECRET"
+LIMITS = dict(timeout_s=1.5, cpu_s=5, memory_mb=256, file_mb=1, max_processes=16, max_output_bytes=1000,
+              workers=2, preload=["socket", "encodings.idna"])  # idna: socket's getaddrinfo
+
+
+@pytest.fixture(scope="module")
+def box():
+    os.environ[SECRET] = "hunter2"  # set before the workers start: they must not inherit it
+    sandbox = Sandbox(SandboxConfig(**LIMITS))
+    yield sandbox
+    sandbox.close()
+    del os.environ[SECRET]
+
+
+def processes_of(uids) -> list[int]:
+    """Pids of processes whose real uid is one of `uids`, our children (the workers) left out."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except OSError:  # the process ended while we read
+            continue
+        if int(fields["Uid"].split()[0]) in uids and int(fields["PPid"]) != os.getpid():
+            pids.append(int(status.parent.name))
+    return pids
+
+
+def assert_usable(box: Sandbox) -> None:
+    """The run goes on: a normal call right after a hostile one gives the normal answer."""
+    r = box.run("print(6 * 7)")
+    assert (r.ok, r.status, r.stdout, r.stderr, r.exit_code) == (True, "ok", "42\n", "", 0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("timeout_s", 0, "sandbox.timeout_s must be a number of seconds > 0, got 0"),
+    ("cpu_s", -1.0, "sandbox.cpu_s must be a number of seconds > 0, got -1.0"),
+    ("memory_mb", 0, "sandbox.memory_mb must be a whole number >= 1, got 0"),
+    ("file_mb", 1.5, "sandbox.file_mb must be a whole number >= 1, got 1.5"),
+    ("max_processes", -3, "sandbox.max_processes must be a whole number >= 1, got -3"),
+    ("max_output_bytes", 0, "sandbox.max_output_bytes must be a whole number >= 1, got 0"),
+    ("workers", 0, "sandbox.workers must be a whole number >= 1, got 0"),
+])
+def test_bad_config(field, value, message):
+    with pytest.raises(ValueError) as e:
+        SandboxConfig(**{field: value})
+    assert str(e.value) == message
+
+
+def test_normal_results(box):
+    r = box.run("import sys\nprint(sum(range(10)))\nprint('warn', file=sys.stderr)")
+    assert (r.ok, r.status, r.stdout, r.stderr, r.exit_code) == (True, "ok", "45\n", "warn\n", 0)
+    assert r.text() == "45\nwarn\n"
+    r = box.run("x = 1\nraise ValueError(f'bad {x}')")
+    assert (r.ok, r.status, r.stdout, r.exit_code) == (False, "error", "", 1)
+    assert r.stderr == ('Traceback (most recent call last):\n  File "<sandbox>", line 2, in <module>\n'
+                        "    raise ValueError(f'bad {x}')\nValueError: bad 1\n")
+    assert r.text() == r.stderr + f"[error, exit code 1, {r.seconds:.2f} s]"
+    assert (box.run("import sys; sys.exit(3)").status, box.run("import sys; sys.exit(3)").exit_code) == ("error", 3)
+    assert box.run("def f(:").stderr.endswith("SyntaxError: invalid syntax\n")
+    assert asyncio.run(box.arun("print('async')")).stdout == "async\n"
+
+
+def test_cpu_limit_and_imports():
+    with Sandbox(timeout_s=10, cpu_s=1, workers=1) as sandbox:
+        r = sandbox.run("while True: pass")
+        assert (r.status, r.exit_code) == ("timeout", -24)  # SIGXCPU from RLIMIT_CPU, before the wall clock
+        assert r.seconds < 10
+        r = sandbox.run("import fractions, wave; print(fractions.Fraction(1, 3) * 3)")  # preloaded, and not
+        if sandbox.status["stdlib_readable"]:
+            assert (r.status, r.stdout) == ("ok", "1\n")
+        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (README: "Sandbox")
+            assert r.stderr.endswith("ModuleNotFoundError: No module named 'wave'\n")
+
+
+def test_scratch_dir_fresh_and_removed(box):
+    code = ("import os, tempfile\nopen('f', 'w').write('x')\n"
+            "print(os.getcwd() == os.environ['HOME'] == tempfile.gettempdir(), os.listdir('.'), os.getcwd())")
+    first, second = box.run(code), box.run(code)
+    for r in (first, second):
+        same, listing, cwd = r.stdout.split(" ", 2)
+        assert (same, listing) == ("True", "['f']")  # fresh: the other call's file is not there
+        assert not os.path.exists(cwd.strip())
+    assert first.stdout != second.stdout
+
+
+def test_environment_is_empty(box):
+    r = box.run("import os; print(sorted(os.environ))")
+    assert r.stdout == ("['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
+                        "'PATH', 'TMPDIR']\n")
+    r = box.run(f"print(open('/proc/{os.getpid()}/environ', 'rb').read().count(b'hunter2'))")
+    if box.status["user_dropped"]:
+        assert r.stderr.endswith(f"PermissionError: [Errno 13] Permission denied: '/proc/{os.getpid()}/environ'\n")
+    else:  # same user as the trainer: /proc/<trainer>/environ is readable (README: "Sandbox")
+        assert r.stdout == "1\n"
+
+
+def test_infinite_loop_and_escaped_grandchild_killed(box):
+    r = box.run("while True: pass")
+    assert (r.status, r.exit_code) == ("timeout", -9)
+    assert 1.5 <= r.seconds < 3.5
+    # a grandchild in a session of its own, sleeping, holding stdout: gone when the call returns
+    r = box.run("import os, time\nif os.fork() == 0:\n    os.setsid(); time.sleep(60)\nprint('parent done')")
+    assert (r.status, r.stdout) == ("ok", "parent done\n")
+    if box.status["user_dropped"]:
+        assert processes_of(box.status["uid"]) == []
+    assert_usable(box)
+
+
+def test_fork_bomb_contained_as_root(box):
+    if not box.status["user_dropped"]:
+        pytest.skip("not root: no user drop, RLIMIT_NPROC counts the trainer's own processes")
+    # counted forks: the sandbox uid holds the child and its sleeping children (not the root worker)
+    r = box.run("import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError as e:\n"
+                "        print('fork failed after', n, e.strerror); break\n    if pid == 0:\n        time.sleep(60)\n"
+                "    n += 1")
+    assert (r.status, r.stdout) == ("ok", "fork failed after 15 Resource temporarily unavailable\n")
+    r = box.run("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")
+    assert r.status == "timeout"
+    assert processes_of(box.status["uid"]) == []
+    assert subprocess.run(["true"]).returncode == 0  # the machine still forks
+    assert_usable(box)
+
+
+def test_memory_bomb(box):
+    r = box.run("x = bytearray(1024 ** 3)")
+    assert (r.status, r.exit_code) == ("memory", 1)
+    assert r.stderr.endswith("MemoryError\n")
+    r = box.run("x = []\nwhile True:\n    x.append(bytearray(10 ** 7))")  # many smaller pieces
+    assert r.status == "memory"
+    assert_usable(box)
+
+
+def test_huge_output_truncated(box):
+    r = box.run("print('x' * 10 ** 7)")
+    assert (r.status, r.stdout, r.stderr) == ("output_truncated", "x" * 1000 + "\n[output truncated]\n", "")
+    r = box.run("while True: print('y' * 100)")  # ends at the cap, not at the timeout
+    assert r.status == "output_truncated" and r.seconds < 1.5
+    assert len(r.stdout) == 1000 + len("\n[output truncated]\n")
+    r = box.run("open('big', 'wb').write(b'0' * 2 ** 21)")  # file_mb=1
+    assert r.stderr.endswith("OSError: [Errno 27] File too large\n")
+    assert_usable(box)
+
+
+def test_cannot_write_outside_scratch(box):
+    run_dir = tempfile.mkdtemp()  # a trainer run dir: owned by root, 0o755, a 0o644 file in it
+    os.chmod(run_dir, 0o755)
+    target = os.path.join(run_dir, "metrics.jsonl")
+    Path(target).write_text("trainer\n")
+    os.chmod(target, 0o644)
+    code = (f"import os\nfor f in (lambda: open({target!r}, 'a'), lambda: os.remove({target!r}),\n"
+            f"          lambda: open({run_dir!r} + '/new', 'w'), lambda: os.chmod({target!r}, 0o777),\n"
+            f"          lambda: open('../beside-scratch', 'w')):\n"
+            f"    try:\n        f(); print('done')\n    except OSError as e:\n        print(type(e).__name__)")
+    r = box.run(code)
+    if box.status["user_dropped"]:
+        assert r.stdout == "PermissionError\n" * 5
+        assert Path(target).read_text() == "trainer\n" and os.listdir(run_dir) == ["metrics.jsonl"]
+    Path(target).unlink()
+    os.rmdir(run_dir)
+
+
+def test_network_blocked(box):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    r = box.run(f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
+                f"    print('connected')\nexcept OSError as e:\n    print(type(e).__name__, e.errno)")
+    if box.status["network_isolated"]:
+        assert r.stdout == "OSError 101\n"  # ENETUNREACH: the new namespace's loopback is down
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    else:  # unshare refused here (e.g. Docker's seccomp): the host network is reachable, as status says
+        assert r.stdout == "connected\n"
+    server.close()
+
+
+def test_killing_the_parent(box):
+    me = os.getpid()
+    kills = ["os.kill(os.getppid(), 9)", "os.killpg(os.getpgid(os.getppid()), 9)", "os.kill(-1, 9)",
+             f"os.kill({me}, 9)"]
+    for kill in kills:
+        r = box.run(f"import os\ntry:\n    {kill}\nexcept OSError as e:\n    print(type(e).__name__)")
+        if box.status["user_dropped"]:  # the worker is root, the code is not: it can signal only its own uid
+            # kill(-1) "succeeds" (Linux reports no EPERM for it) and reaches no one but our own uid: no one
+            assert (r.status, r.stdout) == ("ok", "" if kill == "os.kill(-1, 9)" else "PermissionError\n")
+        elif kill != f"os.kill({me}, 9)":  # same user: the code can kill its worker (not the trainer: not run)
+            assert r.status == "killed"
+        assert_usable(box)
+    assert os.getpid() == me
+    # a worker that dies anyway (a crash, an OOM kill): the call on it is a result, the slot gets a new worker
+    for worker in list(box._all):
+        os.kill(worker.proc.pid, 9)
+        worker.proc.wait()
+    assert [box.run("print(1)").status for _ in range(3)] == ["killed", "killed", "ok"]
+    assert_usable(box)
+
+
+def test_threads_get_their_own_results(box):
+    results = {}
+
+    def call(i):
+        results[i] = [box.run(f"import time; time.sleep(0.01 * {k}); print({i} * {k})").stdout for k in range(3)]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: [f"{i * k}\n" for k in range(3)] for i in range(8)}
+
+
+def children() -> set[int]:
+    return {int(p) for t in Path(f"/proc/{os.getpid()}/task").iterdir()
+            for p in (t / "children").read_text().split()}
+
+
+def test_close_leaves_nothing():
+    before = children()
+    sandbox = Sandbox(SandboxConfig(**LIMITS))
+    assert len(children() - before) == 2
+    assert sandbox.run("import os, time\nif os.fork() == 0:\n    time.sleep(60)").status == "ok"
+    root = sandbox._root
+    sandbox.close()
+    assert children() == before  # workers exited and were reaped: no zombies, no orphans of ours
+    if sandbox.status["user_dropped"]:
+        assert processes_of(sandbox.status["uid"]) == []
+    assert not os.path.exists(root)
+    with pytest.raises(RuntimeError, match="the sandbox is closed"):
+        sandbox.run("print(1)")
+    sandbox.close()  # twice is fine
