@@ -40,3 +40,37 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("models")
     return {arch: tiny.build_random_model(root / arch, arch=arch, seed=0) for arch in ("qwen2", "qwen3", "llama")}
+
+
+class EntryServer:
+    """launch/train.py's main(argv), run in one warm process (tests/workers/entry_server.py) instead of a new
+    `python launch/train.py` per case: for runs that stop on bad input before any engine starts."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, "-u", str(WORKERS / "entry_server.py")], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+    def train(self, *args, env: dict | None = None, path: list | None = None) -> subprocess.CompletedProcess:
+        """As `python launch/train.py ARGS` with `env` added and `path` (PYTHONPATH entries) in front."""
+        import json
+
+        self.proc.stdin.write(json.dumps({"argv": [str(a) for a in args], "env": env or {},
+                                          "path": [str(p) for p in path or []]}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the entry server died (exit {self.proc.poll()})"
+        answer = json.loads(line)
+        return subprocess.CompletedProcess(["launch/train.py", *map(str, args)], answer["returncode"],
+                                           answer["stdout"], answer["stderr"])
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def entry():
+    server = EntryServer()
+    yield server
+    server.close()

@@ -4,6 +4,7 @@ Real torchrun (2 CPU ranks), FSDP2 and vLLM engines; tiny random models from tes
 cannot train stop before anything loads: tests/test_launch.py.)
 """
 import json
+import math
 import os
 import subprocess
 import sys
@@ -34,15 +35,31 @@ def steps(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_steps(model_path, tp: int, run_dir) -> list[float]:
+# Features a run of one family also covers (these used to be test_train.py's own runs of qwen2 and llama): a KL
+# term to a frozen reference model, and activation checkpointing.
+EXTRA = {("qwen2", 1): ("algorithm.kl_coef=0.05",), ("llama", 1): ("model.activation_checkpointing=true",)}
+
+
+def run_steps(model_path, tp: int, run_dir, extra: tuple[str, ...] = ()) -> list[float]:
     """3 GRPO steps through the real entry point; returns rollout/logprob_diff_max per step."""
     proc = train_cmd(RECIPE, f"model.path={model_path}", f"rollout.tensor_parallel={tp}", f"name={run_dir.name}",
-                     f"output_dir={run_dir.parent}")
+                     f"output_dir={run_dir.parent}", *extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = steps(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     # Every step applied an update that moved the policy (a sync of unchanged weights proves nothing).
     assert all(m["optim/steps_applied"] == 1 and m["policy/grad_norm"] > 0 for m in metrics)
+    # Bandwidth and share of the step are the sync's own bytes and seconds.
+    for m in metrics:
+        assert m["sync/gb"] > 0
+        assert m["throughput/sync_gb_s"] == pytest.approx(m["sync/gb"] / m["time/sync_s"], rel=1e-6)
+        assert m["time/sync_share"] == pytest.approx(m["time/sync_s"] / m["time/step_s"], rel=1e-6)
+        assert 0 < m["time/sync_share"] < 1
+    # The reference is built only for a KL term; it starts equal to the policy, so KL(step 1) is ~0.
+    kl = "algorithm.kl_coef=0.05" in extra
+    assert (f"reference {model_path} (frozen)" in proc.stderr + proc.stdout) == kl
+    if kl:
+        assert abs(metrics[0]["policy/ref_kl"]) < 1e-6 and math.isfinite(metrics[1]["policy/ref_kl"])
     return [m["rollout/logprob_diff_max"] for m in metrics]
 
 
@@ -75,7 +92,7 @@ def test_arch_trains_with_exact_sync_and_exports(arch, models, tmp_path):
     assert (trained - exported).abs().max().item() < 1e-5
     if arch in archs.MOE_ARCHS:
         check_moe_export(models[arch], ckpt, export, tmp_path / "export.json")
-    diffs[1] = run_steps(export, 1, tmp_path / "tp1")
+    diffs[1] = run_steps(export, 1, tmp_path / "tp1", EXTRA.get((arch, 1), ()))
     print(f"{arch}: rollout/logprob_diff_max per step: tp=1 {diffs[1]}, tp=2 {diffs[2]}")
     assert all(d < BOUND for d in diffs[1] + diffs[2]), diffs
 

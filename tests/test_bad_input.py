@@ -5,25 +5,17 @@ Classes (the README's "Bad input" table): (a) user files missing, empty, truncat
 wrong kind; (b) numeric fields out of range, zero, negative or NaN, and named choices that do not exist;
 (c) output locations that cannot be created, and run names that would leave output_dir; (d) the user's own
 code raising (recipe, prepare, reward and environment files); (e) an error only some ranks see.
-(a)-(d) run as `python launch/train.py` (world size 1, the same code path as every torchrun rank);
-(e) runs under torchrun with 2 ranks.
+(a)-(d) run launch/train.py's main() at world size 1 (the same code path as every torchrun rank), case after
+case in one warm process (conftest.EntryServer) instead of a new `python launch/train.py` each; (e) runs
+under torchrun with 2 ranks.
 """
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
 from conftest import ROOT, rank_exit_codes, train_cmd
 
-TRAIN = ROOT / "launch" / "train.py"
-
-
-def run(*args, env=None, timeout=300):
-    import os
-    return subprocess.run([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=os.environ | {"OMP_NUM_THREADS": "1"} | (env or {}))
 
 
 def rejected(proc, out) -> str:
@@ -74,9 +66,9 @@ def broken_model(tmp_path, demo_model, how):
     ("config.json of the wrong kind", "is not a loadable transformers model"),
     ("corrupted tokenizer", "the tokenizer cannot be loaded"),
 ])
-def test_broken_model_folder(tmp_path, demo_model, how, says):
+def test_broken_model_folder(entry, tmp_path, demo_model, how, says):
     path = broken_model(tmp_path, demo_model, how)
-    proc = run("recipe=demo", "prepare=", f"model.path={path}", f"output_dir={tmp_path}/runs")
+    proc = entry.train("recipe=demo", "prepare=", f"model.path={path}", f"output_dir={tmp_path}/runs")
     line = rejected(proc, tmp_path / "runs")
     assert f"model.path '{path}'" in line and says in line
 
@@ -89,10 +81,10 @@ def test_broken_model_folder(tmp_path, demo_model, how, says):
     ('{"prompt": "1+1=1+1=1+1=1+1=1+1=1+1="}\n', "prompts.jsonl", "no prompt of data.path fits "
                                                                    "data.max_prompt_tokens=16"),
 ])
-def test_broken_prompt_file(tmp_path, demo_model, content, name, says):
+def test_broken_prompt_file(entry, tmp_path, demo_model, content, name, says):
     file = tmp_path / name
     file.write_text(content)
-    proc = run("recipe=demo", f"data.path={file}", f"output_dir={tmp_path}/runs")
+    proc = entry.train("recipe=demo", f"data.path={file}", f"output_dir={tmp_path}/runs")
     assert says.format(file) in rejected(proc, tmp_path / "runs")
 
 
@@ -101,9 +93,9 @@ def test_broken_prompt_file(tmp_path, demo_model, content, name, says):
     ("def config(:\n    pass\n", "failed to run: SyntaxError: "),
     ("import json\ndef config():\n    return json.loads('{')\n", "config() raised JSONDecodeError"),
 ])
-def test_broken_recipe_file(tmp_path, content, says):
+def test_broken_recipe_file(entry, tmp_path, content, says):
     (tmp_path / "bad.py").write_text(content)
-    proc = run(f"recipe={tmp_path}/bad.py", f"output_dir={tmp_path}/runs")
+    proc = entry.train(f"recipe={tmp_path}/bad.py", f"output_dir={tmp_path}/runs")
     line = rejected(proc, tmp_path / "runs")
     assert f"{tmp_path}/bad.py" in line and says in line
 
@@ -124,8 +116,8 @@ def test_broken_recipe_file(tmp_path, content, says):
     ("model.attn_implementation=flash", "model.attn_implementation must be one of sdpa, eager, flash_attention_2"),
     ("resume=step_7", "resume"),
 ])
-def test_bad_values(tmp_path, override, says):
-    proc = run("recipe=demo", override, f"output_dir={tmp_path}/runs")
+def test_bad_values(entry, tmp_path, override, says):
+    proc = entry.train("recipe=demo", override, f"output_dir={tmp_path}/runs")
     assert says in rejected(proc, tmp_path / "runs")
 
 
@@ -139,10 +131,10 @@ def test_bad_values(tmp_path, override, says):
     ("name=a/b", "name must be a plain folder name inside output_dir"),
     ("name=..", "name must be a plain folder name inside output_dir"),
 ])
-def test_impossible_outputs(tmp_path, where, says):
+def test_impossible_outputs(entry, tmp_path, where, says):
     (tmp_path / "a_file").write_text("not a folder")
     args = [where.format(tmp=tmp_path)] + ([] if where.startswith("output_dir") else [f"output_dir={tmp_path}/runs"])
-    proc = run("recipe=demo", *args)
+    proc = entry.train("recipe=demo", *args)
     assert says.format(tmp=tmp_path) in rejected(proc, tmp_path / "runs")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"], "nothing may be created"
 
@@ -176,7 +168,7 @@ def config():
     ("prepare", "prepare 'prep_recipe:prepare' raised OSError: no space left for the tiny model (at prep_recipe.py:6)"),
     ("environment", "rollout.env '{tmp}/grader.py:reward': running '{tmp}/grader.py' failed: RuntimeError"),
 ])
-def test_user_code_raising(tmp_path, case, says):
+def test_user_code_raising(entry, tmp_path, case, says):
     (tmp_path / "boom.py").write_text("def config():\n    x = 0\n    return 1 / x\n")
     (tmp_path / "grader.py").write_text(USER)
     (tmp_path / "prep_recipe.py").write_text(RECIPE.format(root=ROOT, module="prep_recipe"))
@@ -185,10 +177,9 @@ def test_user_code_raising(tmp_path, case, says):
             "prepare": [f"recipe={tmp_path}/prep_recipe.py"],
             "environment": ["recipe=demo", f"rollout.env={tmp_path}/grader.py:reward", "rollout.max_total_tokens=16"],
             }[case]
-    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}"}
-    proc = run(*args, f"output_dir={tmp_path}/runs", env=env)
+    proc = entry.train(*args, f"output_dir={tmp_path}/runs", path=[tmp_path])
     assert says.format(tmp=tmp_path) in rejected(proc, tmp_path / "runs")
-    debug = run(*args, f"output_dir={tmp_path}/runs", env=env | {"RLCORE_DEBUG": "1"})
+    debug = entry.train(*args, f"output_dir={tmp_path}/runs", path=[tmp_path], env={"RLCORE_DEBUG": "1"})
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("rlcore: error:")
 

@@ -1,21 +1,16 @@
 """Bad input through the real entry point: one line naming the field, a non-zero exit, nothing written.
 
-Errors found before the process group starts are checked with a plain `python launch/train.py`
-(world size 1); the rest run under torchrun with 2 ranks.
+Errors found before the process group starts are checked at world size 1, through launch/train.py's main()
+in one warm process (conftest.EntryServer); the rest run under torchrun with 2 ranks.
 """
-import subprocess
-import sys
-
 import pytest
 
-from conftest import ROOT, rank_exit_codes, train_cmd
-
-TRAIN = ROOT / "launch" / "train.py"
+from conftest import rank_exit_codes, train_cmd
 
 
-def python_train(*args, tmp_path):
-    return subprocess.run([sys.executable, str(TRAIN), *args, f"output_dir={tmp_path}"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def python_train(entry):
+    return lambda *args, tmp_path: entry.train(*args, f"output_dir={tmp_path}")
 
 
 def error_line(proc) -> str:
@@ -43,7 +38,7 @@ def error_line(proc) -> str:
     (["recipe=reinforce_pp_tiny", "algorithm.kl_penalty_estimator=k5"],
      "algorithm.kl_penalty_estimator must be one of k1, k2, k3 (got 'k5')"),
 ])
-def test_config_errors(args, expected, tmp_path):
+def test_config_errors(python_train, args, expected, tmp_path):
     proc = python_train(*args, tmp_path=tmp_path)
     assert proc.returncode == 2
     assert expected in error_line(proc)
@@ -56,13 +51,13 @@ def test_tp_must_divide_world(tmp_path):
     assert "rollout.tensor_parallel=3 does not divide the world size 2; valid: [1, 2]" in error_line(proc)
 
 
-def test_missing_model_path(tmp_path):
+def test_missing_model_path(python_train, tmp_path):
     proc = python_train("recipe=demo", "prepare=", f"model.path={tmp_path}/nope", tmp_path=tmp_path)
     assert proc.returncode == 2
     assert f"model.path '{tmp_path}/nope' does not exist" in error_line(proc)
 
 
-def test_model_that_is_not_a_causal_lm(tmp_path):
+def test_model_that_is_not_a_causal_lm(python_train, tmp_path):
     from transformers import T5Config
 
     T5Config(d_model=32, num_layers=1, num_heads=2, d_ff=32, vocab_size=32).save_pretrained(tmp_path / "t5")
@@ -76,7 +71,7 @@ def test_model_that_is_not_a_causal_lm(tmp_path):
     ("quantized", "is a quantized Qwen2ForCausalLM (fp8): rlcore trains and syncs unquantized weights"),
     ("classifier", "is a Qwen2ForSequenceClassification, which transformers cannot build as a causal LM"),
 ])
-def test_model_rlcore_cannot_train(kind, expected, tmp_path):
+def test_model_rlcore_cannot_train(python_train, kind, expected, tmp_path):
     """A transformers causal LM vLLM does not serve, a quantized checkpoint (the engine would expect quantized
     tensors, which the sync does not produce), and a qwen2-typed model that is not a causal LM: each stops
     before anything loads, naming model.path and the architecture."""
@@ -94,13 +89,13 @@ def test_model_rlcore_cannot_train(kind, expected, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_generation_longer_than_context(tmp_path):
+def test_generation_longer_than_context(python_train, tmp_path):
     proc = python_train("recipe=demo", "rollout.max_new_tokens=100", tmp_path=tmp_path)
     assert proc.returncode == 2
     assert "does not fit the engine context" in error_line(proc)
 
 
-def test_dataset_without_prompt_column(tmp_path):
+def test_dataset_without_prompt_column(python_train, tmp_path):
     proc = python_train("recipe=demo", "data.prompt_column=question", tmp_path=tmp_path)
     assert proc.returncode == 2
     assert "data.prompt_column 'question' is not a column of data.path (columns: prompt, answer)" in error_line(proc)

@@ -63,3 +63,13 @@ def test_no_module_imports_the_trainer():
 def test_import_graph_has_no_circle():
     assert cycle(graph()) is None
     assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check finds one
+
+
+def test_the_core_never_imports_an_rl_algorithm():
+    """Deleting an algorithm's file leaves the core importable (tests/test_deletable.py runs it for real):
+    no module outside rlcore.algorithms imports one, anywhere (function-local imports included), and the
+    algorithms import none of each other. (SFT is the warm start of the tiny tasks, not an RL algorithm.)"""
+    edges = graph()
+    rl = {"rlcore.algorithms.grpo", "rlcore.algorithms.ppo", "rlcore.algorithms.reinforce_pp"}
+    assert rl <= set(edges)
+    assert {m: sorted(d & rl) for m, d in edges.items() if d & rl} == {}

@@ -1,4 +1,5 @@
-"""Whole runs of launch/train.py under torchrun: 2 CPU ranks, gloo, real vLLM engines, real FSDP2."""
+"""Whole runs of launch/train.py under torchrun: 2 CPU ranks, gloo, real vLLM engines, real FSDP2. (Every
+architecture's runs, with a reference model and activation checkpointing among them: tests/test_archs.py.)"""
 import json
 import math
 
@@ -40,30 +41,6 @@ def test_demo_recipe_learns(tmp_path, packing):
     assert config["algorithm"]["_target"] == "rlcore.algorithms.grpo.GRPO"
     assert list((tmp_path / "demo" / "tb").glob("events.out.tfevents.*"))
     assert f"eval/accuracy on 256 held-out prompts: start {100 * start:.1f}%" in proc.stderr + proc.stdout
-
-
-@pytest.mark.parametrize("arch, tp, extra", [("qwen2", 1, "algorithm.kl_coef=0.05"), ("qwen3", 2, ""),
-                                             ("llama", 1, "model.activation_checkpointing=true")])
-def test_architectures_train_and_sync(tiny_models, tmp_path, arch, tp, extra):
-    """Random-init tiny Qwen2 / Qwen3 / Llama each run steps with an exact sync (Qwen2 with a KL term to a
-    frozen reference model, Qwen3 with a TP=2 engine, Llama with activation checkpointing)."""
-    proc = train_cmd("recipe=demo", "prepare=rlcore.tiny:prepare", f"model.path={tiny_models[arch]}",
-                     f"rollout.tensor_parallel={tp}", f"output_dir={tmp_path}", "train.steps=2",
-                     "data.eval_path=", *SMALL, *extra.split())
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = read_metrics(tmp_path / "demo")
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows)
-    assert all(r["sync/gb"] > 0 for r in rows)
-    # Bandwidth and share of the step are the sync's own bytes and seconds.
-    for r in rows:
-        assert r["throughput/sync_gb_s"] == pytest.approx(r["sync/gb"] / r["time/sync_s"], rel=1e-6)
-        assert r["time/sync_share"] == pytest.approx(r["time/sync_s"] / r["time/step_s"], rel=1e-6)
-        assert 0 < r["time/sync_share"] < 1
-    # The reference is built only for a KL term; it starts equal to the policy, so KL(step 1) is ~0.
-    assert (f"reference {tiny_models[arch]} (frozen)" in proc.stderr + proc.stdout) == ("kl_coef" in extra)
-    if "kl_coef" in extra:
-        assert abs(rows[0]["policy/ref_kl"]) < 1e-6 and math.isfinite(rows[1]["policy/ref_kl"])
 
 
 def test_skipped_sync_stops_the_run(tmp_path):
