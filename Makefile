@@ -1,6 +1,7 @@
 # The two quick-start commands. Each creates the environment on first use.
 #   make demo   GRPO on the embedded tiny arithmetic task, 2 ranks, CPU (runs/demo/)
-#   make test   the test suite
+#   make test   the test suite (everything: unit tier, multi-rank runs, real vLLM engines)
+#   make test-fast   the unit tier only (no torchrun, no engine; under 3 minutes): for quick iteration
 # Underneath, `make demo` is exactly:
 #   OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc-per-node 2 launch/train.py recipe=demo
 
@@ -11,7 +12,7 @@ EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 NPROC ?= 2
 ARGS  ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test test-fast bench clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +31,9 @@ demo: install
 
 test: install
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(ARGS)
+
+test-fast: install
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow" $(ARGS)
 
 bench: install
 	OMP_NUM_THREADS=1 $(PY) benchmarks/step_times.py recipe=demo $(ARGS)

@@ -13,6 +13,8 @@ import torch.multiprocessing as mp
 from rlcore.batch import Normaliser
 from rlcore.objectives import aggregate, clipped_surrogate, local_normaliser
 
+pytestmark = pytest.mark.slow  # two gloo processes: `make test-fast` leaves them out
+
 WORLD, MICRO = 2, 2
 B, T, D, V = 8, 5, 4, 7  # sequences, scored positions, feature size, vocabulary
 MODES = ("token-mean", "seq-mean-token-mean")

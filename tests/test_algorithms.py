@@ -11,6 +11,8 @@ import pytest
 
 from conftest import rank_exit_codes, train_cmd
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 STEPS = 20
 VARIANTS = {
     "dr_grpo": ("recipe=demo", "algorithm.scale_rewards=false", "algorithm.loss_agg=seq-mean-token-sum-norm"),

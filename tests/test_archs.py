@@ -15,6 +15,8 @@ import torch
 import archs
 from conftest import ROOT, WORKERS, train_cmd
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 sys.path.insert(0, str(WORKERS))
 from hf_logprobs import SEQUENCES  # noqa: E402  (the fixed sequences every export check scores)
 

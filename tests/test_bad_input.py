@@ -207,6 +207,7 @@ def config():
     ("cfg.rewards[0].fn = 'no_such_module:reward'", "rewards[0].fn 'no_such_module:reward': cannot import module",
      {2}),
 ])
+@pytest.mark.slow
 def test_an_error_only_one_rank_sees_stops_every_rank(tmp_path, what, says, code):
     (tmp_path / "ranked.py").write_text(ONE_RANK.format(root=ROOT, what=what))
     start = time.monotonic()

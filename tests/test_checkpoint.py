@@ -10,6 +10,8 @@ import pytest
 
 from conftest import ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 SMALL = ("rollout.prompts_per_step=8", "rollout.group_size=4", "train.micro_batch_size=8", "data.eval_path=")
 RUN = ("recipe=demo", "train.steps=4", "train.save_every=2", *SMALL)
 VOLATILE = ("time/", "throughput/", "memory/")

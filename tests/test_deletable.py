@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 # The algorithm, and a tiny recipe of another algorithm that must survive it (and, with GRPO gone, takes a step).
 ALGORITHMS = {"grpo": "ppo_tiny", "ppo": "demo", "reinforce_pp": "demo"}
 # Unit-test files (no engine, no extra processes) run in the copy; a deleted one is skipped.

@@ -5,6 +5,8 @@ import json
 import re
 import shutil
 
+import pytest
+
 from conftest import ROOT, train_cmd
 from rlcore.rollout.env import Step, as_step
 
@@ -31,6 +33,7 @@ def test_hint_environment_rules(tmp_path):
     assert as_step(env.step(" 85", [12, 9, 2])).done
 
 
+@pytest.mark.slow
 def test_hint_recipe_trains_with_two_turns(tmp_path):
     proc = train_cmd(f"recipe={write_recipe(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2",
                      "data.eval_size=32", "rollout.prompts_per_step=8", "rollout.group_size=4")

@@ -5,6 +5,8 @@ import json
 import re
 import shutil
 
+import pytest
+
 import torch
 
 from conftest import ROOT, train_cmd
@@ -35,6 +37,7 @@ def test_rloo_advantages(tmp_path):
     assert metrics == {}
 
 
+@pytest.mark.slow
 def test_forked_recipe_trains(tmp_path):
     proc = train_cmd(f"recipe={write_fork(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
                      "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.clip_high=0.28")

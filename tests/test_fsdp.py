@@ -4,6 +4,8 @@ import json
 import pytest
 
 from conftest import WORKERS, torchrun
+
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.objectives import AGG_MODES
 
 

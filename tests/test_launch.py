@@ -45,6 +45,7 @@ def test_config_errors(python_train, args, expected, tmp_path):
     assert not any(tmp_path.iterdir()), "a rejected config must not create a run directory"
 
 
+@pytest.mark.slow
 def test_tp_must_divide_world(tmp_path):
     proc = train_cmd("recipe=demo", "rollout.tensor_parallel=3", f"output_dir={tmp_path}")
     assert proc.returncode != 0
@@ -122,6 +123,7 @@ def nan(prompts, completions, **columns):
     ("short", "returned"),
     ("nan", "NaN"),
 ])
+@pytest.mark.slow
 def test_bad_reward_function_stops_before_the_update(fn, expected, tmp_path):
     (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
     proc = train_cmd("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:{fn}", f"output_dir={tmp_path}",

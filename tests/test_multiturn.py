@@ -14,6 +14,7 @@ def read_metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp, extra", [(1, "data.eval_size=32"), (2, "data.eval_path=")])
 def test_without_an_environment_batches_are_bit_identical(tmp_path, tp, extra):
     """The turn loop with no environment against the single-turn rollout it replaced, kept verbatim in the
@@ -28,6 +29,7 @@ def test_without_an_environment_batches_are_bit_identical(tmp_path, tp, extra):
         assert len(checks) == (13 if tp == 1 else 12) and all(checks.values()), checks
 
 
+@pytest.mark.slow
 def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp_path):
     """One engine over both ranks: both see the same transcripts, every environment is stepped exactly once
     per turn (by the rank that trains its trajectory), and the engine's logprobs of every model token of every
@@ -48,6 +50,7 @@ def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp
         assert len(t) == 4 * 3 + 3 * 2
 
 
+@pytest.mark.slow
 def test_a_multi_turn_run_logs_the_environment(tmp_path):
     """The demo task with a two-turn environment: metrics for turns, tokens and time, an exact sync check over
     every model token of both turns, and reward functions scoring the last turn."""
@@ -65,6 +68,7 @@ def test_a_multi_turn_run_logs_the_environment(tmp_path):
     assert "environment tests/envs/plumbing.py:Retry: up to 2 turns" in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_a_raising_environment_stops_every_rank(tmp_path):
     proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
                      f"rollout.env={ENVS}:Raising", "rollout.max_total_tokens=16", *SMALL)
@@ -75,6 +79,7 @@ def test_a_raising_environment_stops_every_rank(tmp_path):
     assert not (tmp_path / "demo" / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_slow_environment_times_out_without_hanging(tmp_path):
     proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
                      f"rollout.env={ENVS}:Slow", "rollout.max_total_tokens=16", "rollout.env_timeout_s=0.5",
@@ -105,6 +110,7 @@ def test_bad_environment_settings(entry, tmp_path, override, says):
     assert not (tmp_path / "demo" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_a_step_of_the_wrong_shape_stops_the_run(tmp_path):
     proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
                      f"rollout.env={ENVS}:WrongShape", "rollout.max_total_tokens=16", *SMALL)
@@ -112,6 +118,7 @@ def test_a_step_of_the_wrong_shape_stops_the_run(tmp_path):
     assert "turn 1: step() returned a tuple of 2; it must return Step(observation, reward, done)" in proc.stderr
 
 
+@pytest.mark.slow
 def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
     """rollout.max_turns=1 cuts the two-turn environment after its first step: every trajectory is truncated
     (out of turns), and rollout.truncated_reward replaces whatever the reward functions gave."""

@@ -169,6 +169,7 @@ def update_worker(tiny_models, tmp_path_factory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_two_ranks_of_different_lengths_pack_like_padded(update_worker):
     """2 FSDP2 ranks, rank 0 with 8-30-token sequences and rank 1 with 3-6, budgets 16 (below rank 0's
     longest) and 40 vs padded micro-batches of 2 rows (tests/workers/update_worker.py): both ranks run the
@@ -198,6 +199,7 @@ def test_two_ranks_of_different_lengths_pack_like_padded(update_worker):
                 assert r[f"{agg}/{budget}/{key}"] < 1e-5, (agg, budget, key, r[f"{agg}/{budget}/{key}"])
 
 
+@pytest.mark.slow
 def test_on_policy_update_takes_its_own_old_logprobs(update_worker):
     """The second half of tests/workers/update_worker.py, 2 ranks, padded and packed (budget 16): an
     on-policy update given batch.old_logprobs=None fills them from its own forward, equal (1e-6) to a

@@ -26,6 +26,7 @@ def test_valid_degrees(world, tp, heads, kv):
     assert dims.rollout_groups == world // tp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_rollout_mesh_rows_are_contiguous_rank_blocks(tmp_path, tp):
     proc = torchrun(WORKERS / "mesh_worker.py", tp, tmp_path)

@@ -125,6 +125,7 @@ def test_72b_does_not_fit_and_names_the_levers(tmp_path):
     assert all(name in message for name in names)
 
 
+@pytest.mark.slow
 def test_plan_cli_exit_codes(tmp_path):
     def run(*args):
         return subprocess.run([sys.executable, str(ROOT / "launch" / "plan.py"), *map(str, args)], cwd=ROOT,
@@ -145,6 +146,7 @@ def test_plan_cli_exit_codes(tmp_path):
                                       f"model, or run the recipe's prepare first)")
 
 
+@pytest.mark.slow
 def test_train_plan_true_prints_and_exits(tmp_path):
     proc = train_cmd("recipe=demo", "plan=true", f"model.path={model_dir(tmp_path, 'tiny', TINY)}",
                      f"output_dir={tmp_path}/runs", timeout=300)
@@ -154,6 +156,7 @@ def test_train_plan_true_prints_and_exits(tmp_path):
     assert not (tmp_path / "runs").exists(), "plan=true starts nothing and writes nothing"
 
 
+@pytest.mark.slow
 def test_torchrun_report_names_the_error(tmp_path):
     proc = train_cmd("recipe=demo", "optim.lr=fast", f"output_dir={tmp_path}", timeout=300)
     assert rank_exit_codes(proc) == {2}

@@ -56,6 +56,7 @@ def config():
 '''
 
 
+@pytest.mark.slow
 def test_run_with_a_reward_model_and_a_function(reward_model, tmp_path):
     """2 ranks, 2 steps: the logged reward is 1 x the function's mean + 0.5 x the reward model's, and the
     startup line names all four models."""

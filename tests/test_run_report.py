@@ -2,9 +2,13 @@
 (after a finished run and after a stopped one), and the optional wandb mirror in its offline mode."""
 import json
 
+import pytest
+
 from conftest import ROOT, rank_exit_codes, train_cmd
 from test_plan import SHAPE_72B, model_dir
 from rlcore.metrics import STEP_KEYS
+
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 # Measured peak / plan on the tiny CPU demo was 0.87 for both phases (2 ranks, 2-core machine): the plan
 # counts the whole KV cache (vLLM on CPU does not touch all of it) and 1 GB of process runtime per rank.

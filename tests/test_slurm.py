@@ -9,7 +9,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 NODE = ROOT / "launch" / "slurm_node.sh"
 ARGS = ("recipe=demo", "train.steps=20", "rollout.prompts_per_step=8", "rollout.group_size=4",

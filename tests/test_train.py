@@ -6,6 +6,8 @@ import math
 import pytest
 
 from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
+
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.metrics import STEP_KEYS
 
 SMALL = ("rollout.prompts_per_step=8", "rollout.group_size=4", "train.micro_batch_size=8")

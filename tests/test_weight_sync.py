@@ -13,6 +13,8 @@ import pytest
 import archs
 from conftest import WORKERS, torchrun
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
