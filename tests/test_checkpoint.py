@@ -177,7 +177,7 @@ def test_non_finite_steps_are_skipped_and_stop_the_run(tmp_path):
     assert not (tmp_path / "demo" / "hf" / "step_5").exists()
 
 
-def test_bad_resume_paths_fail_before_training(straight, tmp_path):
+def test_bad_resume_paths_fail_before_training(entry, straight, tmp_path):
     """Missing, incomplete, another model, another recipe's algorithm: exit 2, one line naming it."""
     ckpt = straight / "checkpoints" / "step_4"
     partial = tmp_path / "step_9"
@@ -194,7 +194,7 @@ def test_bad_resume_paths_fail_before_training(straight, tmp_path):
          "was saved by a run with algorithm 'rlcore.algorithms.grpo.GRPO', but this run has algorithm '"),
     ]
     for args, expected in cases:
-        proc = python(ROOT / "launch" / "train.py", *args, f"output_dir={tmp_path}/out", timeout=120)
+        proc = entry.train(*args, f"output_dir={tmp_path}/out")
         lines = [line for line in proc.stderr.splitlines() if line.startswith("rlcore: error:")]
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
         assert expected in lines[0], lines[0]

@@ -13,7 +13,6 @@ def read_metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
 def test_guess_game_learns_to_use_feedback(tmp_path):
     """The warm start knows the format only (greedy repeats one digit: 1 secret in 10); GRPO on the
     environment's hit reward learns to bisect. 80 of the recipe's 200 steps, to keep the suite short."""
@@ -28,7 +27,6 @@ def test_guess_game_learns_to_use_feedback(tmp_path):
     assert rows[-1]["env/turns_mean"] < rows[1]["env/turns_mean"]  # fewer guesses per game
 
 
-@pytest.mark.slow
 def test_calculator_tool_learns(tmp_path):
     """The demo's sloppy-carry start with a calculator it rarely calls: GRPO raises held-out accuracy and
     the rate of tool calls (logged as reward/tool_calls, weight 0)."""
