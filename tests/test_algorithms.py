@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make
 STEPS = 20
 VARIANTS = {
     "dr_grpo": ("recipe=demo", "algorithm.scale_rewards=false", "algorithm.loss_agg=seq-mean-token-sum-norm"),
-    "dapo": ("recipe=demo", "algorithm.clip_high=0.28", "algorithm.overlong_buffer=2", "algorithm.dynamic_sampling=3"),
+    # DAPO, with token-budget packing (1024 tokens: each rank's ~3,000 tokens a step in 3-4 packed micro-batches)
+    "dapo": ("recipe=demo", "algorithm.clip_high=0.28", "algorithm.overlong_buffer=2", "algorithm.dynamic_sampling=3",
+             "train.max_tokens_per_micro_batch=1024"),
     "ppo": ("recipe=ppo_tiny",),
     "reinforce_pp": ("recipe=reinforce_pp_tiny",),
     "reinforce_pp_baseline": ("recipe=reinforce_pp_tiny", "algorithm.baseline=true"),

@@ -9,6 +9,7 @@ from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.metrics import STEP_KEYS
+from test_run_report import PLAN_FACTOR
 
 SMALL = ("rollout.prompts_per_step=8", "rollout.group_size=4", "train.micro_batch_size=8")
 
@@ -17,12 +18,14 @@ def read_metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("packing", ["", "train.max_tokens_per_micro_batch=1024"], ids=["padded", "packed"])
-def test_demo_recipe_learns(tmp_path, packing):
-    """The whole demo as `make demo` runs it: every key logged and finite at every step, the sync check
-    tight, eval at the right steps, and held-out accuracy from >= 10% up by >= 30 points; the same with
-    token-budget packing (1024 tokens: each rank's ~3,000 tokens a step in 3-4 packed micro-batches)."""
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", *packing.split())
+def test_demo_recipe_learns_and_reports(tmp_path):
+    """The whole demo as `make demo` runs it (with wandb mirroring in its offline mode): every key logged and
+    finite at every step, the sync check tight, eval at the right steps, and held-out accuracy from >= 10% up
+    by >= 30 points. What the run tells its user: measured memory within PLAN_FACTOR of the launch plan at
+    every step, the summary (stages adding up to the step, the bottleneck), the wandb file holding every step
+    key and the config, and stdout read as a log file (a pipe here): one plain line per step, no bar.
+    (The demo with token-budget packing learns in tests/test_algorithms.py's DAPO variant.)"""
+    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "logging.wandb=true", env={"WANDB_MODE": "offline"})
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "demo")
     steps = json.loads((tmp_path / "demo" / "config.json").read_text())["train"]["steps"]
@@ -43,6 +46,32 @@ def test_demo_recipe_learns(tmp_path, packing):
     assert config["algorithm"]["_target"] == "rlcore.algorithms.grpo.GRPO"
     assert list((tmp_path / "demo" / "tb").glob("events.out.tfevents.*"))
     assert f"eval/accuracy on 256 held-out prompts: start {100 * start:.1f}%" in proc.stderr + proc.stdout
+    report(tmp_path / "demo", rows, proc, steps)
+
+
+def report(run_dir, rows, proc, steps: int) -> None:
+    """(Moved here from tests/test_run_report.py, which ran a 3-step demo of its own for it.)"""
+    for m in rows[1:]:
+        for phase, plan in (("generate", "generation"), ("train", "train")):
+            measured, planned = m[f"memory/{phase}_peak_gb"], m[f"memory/plan_{plan}_gb"]
+            assert planned / PLAN_FACTOR <= measured <= planned * PLAN_FACTOR, (phase, measured, planned)
+    summary = (run_dir / "summary.md").read_text()
+    assert "status: finished" in summary and f"steps run: {steps}" in summary
+    table = summary.split("| stage | mean s/step | share | rate |")[1].split("\n\n")[0].strip().splitlines()[1:]
+    stages = {row.split("|")[1].strip(): float(row.split("|")[3].strip().rstrip("%")) for row in table}
+    assert {"generate", "reward", "logprobs", "train", "sync", "eval", "checkpoint"} <= set(stages), summary
+    assert abs(sum(stages.values()) - 100) < 0.5, summary  # the stages (and "other") add up to the whole step
+    assert "bottleneck: **" in summary and "eval: eval/accuracy" in summary
+    assert "# rlcore run summary: demo" in proc.stdout + proc.stderr  # printed too
+    # stdout is a pipe here, as a log file under Slurm: one plain line per step, no progress bar or redraws
+    assert "\r" not in proc.stdout and "rlcore:  " not in proc.stdout and "step/s" not in proc.stdout
+    shown = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("step ")]
+    assert shown == [f"step {i}/{steps}" for i in range(steps + 1)], proc.stdout
+    # wandb, offline: the run file holds every step key and the config
+    [record] = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    data = record.read_bytes()
+    assert all(key.encode() in data for key in STEP_KEYS), [k for k in STEP_KEYS if k.encode() not in data]
+    assert b"arithmetic_exact" in data and b"max_new_tokens" in data  # the config
 
 
 def test_skipped_sync_stops_the_run(tmp_path):
