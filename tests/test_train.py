@@ -2,6 +2,7 @@
 architecture's runs, with a reference model and activation checkpointing among them: tests/test_archs.py.)"""
 import json
 import math
+import re
 
 import pytest
 
@@ -65,7 +66,7 @@ def report(run_dir, rows, proc, steps: int) -> None:
     assert "# rlcore run summary: demo" in proc.stdout + proc.stderr  # printed too
     # stdout is a pipe here, as a log file under Slurm: one plain line per step, no progress bar or redraws
     assert "\r" not in proc.stdout and "rlcore:  " not in proc.stdout and "step/s" not in proc.stdout
-    shown = [line.split(":")[0] for line in proc.stdout.splitlines() if line.startswith("step ")]
+    shown = [line.split(":")[0] for line in proc.stdout.splitlines() if re.match(r"step \d+/\d+: ", line)]
     assert shown == [f"step {i}/{steps}" for i in range(steps + 1)], proc.stdout
     # wandb, offline: the run file holds every step key and the config
     [record] = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
