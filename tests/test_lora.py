@@ -1,0 +1,101 @@
+"""LoRA on one process (rlcore/lora.py): the maths, the names, the optimizer, the PEFT folder and the fold."""
+import pytest
+import torch
+
+from rlcore import lora, models
+from rlcore.config import LoraConfig, ModelConfig, OptimConfig
+
+
+def _model(path, cfg=None):
+    model = models.load_causal_lm(ModelConfig(path=str(path)))
+    return lora.apply(model, cfg or LoraConfig(enabled=True, rank=4, alpha=8.0))
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def _nonzero_b(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, m in lora.lora_modules(model):
+            m.lora_B.weight.copy_(torch.randn(m.lora_B.weight.shape, generator=g) * 0.05)
+
+
+IDS = torch.randint(3, 20, (2, 10), generator=torch.Generator().manual_seed(0))
+
+
+def test_layer_is_base_plus_scaled_low_rank_update():
+    base = torch.nn.Linear(6, 5)
+    layer = lora.LoRALinear(base, rank=2, alpha=3.0)
+    torch.nn.init.normal_(layer.lora_B.weight)
+    x = torch.randn(4, 6)
+    expected = x @ base.weight.T + base.bias + 1.5 * (x @ layer.lora_A.weight.T) @ layer.lora_B.weight.T
+    torch.testing.assert_close(layer(x), expected)
+    assert layer.weight is base.weight and not layer.weight.requires_grad
+
+
+def test_zero_init_is_exactly_the_base_and_names_are_kept(tiny_models):
+    base = models.load_causal_lm(ModelConfig(path=str(tiny_models["qwen2"])))
+    model = _model(tiny_models["qwen2"])
+    assert torch.equal(_logits(model, IDS), _logits(base, IDS))  # B = 0: bitwise the base model
+    base_names, names = set(dict(base.named_parameters())), set(dict(model.named_parameters()))
+    assert base_names <= names  # every base name unchanged (units, checkpoint format, export)
+    added = names - base_names
+    assert added and all(n.endswith((".lora_A.weight", ".lora_B.weight")) and ".layers." in n for n in added)
+    assert not any("embed" in n or "lm_head" in n for n in added)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == added
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in added)
+
+
+def test_adapters_off_is_the_base_model(tiny_models):
+    base = models.load_causal_lm(ModelConfig(path=str(tiny_models["qwen2"])))
+    model = _model(tiny_models["qwen2"])
+    _nonzero_b(model)
+    on = _logits(model, IDS)
+    assert (on - _logits(base, IDS)).abs().max() > 1e-3
+    with lora.adapters_off(model):
+        assert torch.equal(_logits(model, IDS), _logits(base, IDS))
+    assert torch.equal(_logits(model, IDS), on)  # back on after the block
+
+
+def test_optimizer_holds_adapter_state_only(tiny_models):
+    model = _model(tiny_models["qwen2"])
+    opt, _ = models.build_optimizer(model, OptimConfig(lr=1e-3), total_steps=1)
+    _nonzero_b(model)
+    logits = model(input_ids=IDS).logits
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)
+    opt.step()
+    adapter_numel = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    state_bytes = sum(t.numel() * t.element_size() for s in opt.state.values()
+                      for k, t in s.items() if k in ("exp_avg", "exp_avg_sq"))
+    assert state_bytes == 8 * adapter_numel  # two fp32 moments per adapter parameter, none for the base
+    total = sum(p.numel() for p in model.parameters())
+    assert adapter_numel < total / 5
+
+
+def test_peft_folder_round_trip_and_fold(tiny_models, tmp_path):
+    cfg = LoraConfig(enabled=True, rank=4, alpha=8.0, targets=["q_proj", "v_proj", "down_proj"])
+    model = _model(tiny_models["qwen2"], cfg)
+    _nonzero_b(model)
+    tensors = lora.adapter_tensors(model)
+    lora.write_peft(tmp_path / "adapter", tensors, lora.peft_config(cfg, "base", cfg.targets))
+    config, read = lora.read_peft(tmp_path / "adapter")
+    assert config["r"] == 4 and config["lora_alpha"] == 8.0 and config["target_modules"] == sorted(cfg.targets)
+    assert all(torch.equal(read[n], t) for n, t in tensors.items())
+    loaded = lora.load_peft(models.load_causal_lm(ModelConfig(path=str(tiny_models["qwen2"]))), tmp_path / "adapter")
+    assert torch.equal(_logits(loaded, IDS), _logits(model, IDS))
+    # The merged weights (W + s B A, out of place) score like the adapters, up to fp32 rounding.
+    merged = lora.fold({n: p.detach() for n, p in model.named_parameters()}, lora.scale_of(model))
+    assert not any(".lora_" in n for n in merged)
+    plain = models.load_causal_lm(ModelConfig(path=str(tiny_models["qwen2"])))
+    plain.load_state_dict(merged, strict=False)
+    torch.testing.assert_close(_logits(plain, IDS), _logits(model, IDS), atol=1e-5, rtol=0)
+
+
+def test_unknown_target_is_named(tiny_models):
+    with pytest.raises(ValueError, match="lora.targets: qkv_proj"):
+        _model(tiny_models["qwen2"], LoraConfig(enabled=True, targets=["q_proj", "qkv_proj"]))
