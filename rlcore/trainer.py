@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, models, preflight, rewards, update
+from rlcore import checkpoint, export, lora, models, preflight, rewards, update
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_tokenizer
@@ -84,10 +84,13 @@ def setup(cfg: Config) -> Run:
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None)
-    policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
-    optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
+    # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
+    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora), fsdp_mesh, cfg.model)
+    optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
+                                                  total_optimizer_steps(cfg))
     reference = critic = critic_optimizer = critic_scheduler = None
-    if cfg.algorithm.needs_reference:
+    # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
+    if cfg.algorithm.needs_reference and not cfg.lora.enabled:
         reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
                                  frozen=True)
     if needs_critic(cfg):
@@ -111,7 +114,10 @@ def setup(cfg: Config) -> Run:
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if critic else "none")
-                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
+                 + (f" (LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g} on {','.join(cfg.lora.targets)}, "
+                    f"{cfg.lora.sync} sync)" if cfg.lora.enabled else "")
+                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else
+                                      "the actor with adapters off (no copy)" if uses_adapters_off(cfg) else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
                                             + ([f"env x{cfg.rollout.env_weight:g}"] if envs.factory else [])))
@@ -155,6 +161,11 @@ def needs_critic(cfg: Config) -> bool:
     return bool(getattr(cfg.algorithm, "needs_critic", False))
 
 
+def uses_adapters_off(cfg: Config) -> bool:
+    """The reference logprobs come from the LoRA policy with its adapters switched off."""
+    return bool(cfg.algorithm.needs_reference and cfg.lora.enabled)
+
+
 def total_optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.train.epochs_per_step * cfg.train.mini_batches
 
@@ -174,6 +185,9 @@ def train_step(run: Run, step: int) -> dict[str, float]:
         batch.old_logprobs = update.forward_logprobs(run, run.policy, batch)
     if run.reference is not None:
         batch.ref_logprobs = update.forward_logprobs(run, run.reference, batch)
+    elif uses_adapters_off(cfg):
+        with lora.adapters_off(run.policy):
+            batch.ref_logprobs = update.forward_logprobs(run, run.policy, batch)
     if run.critic is not None:
         batch.values = update.forward_values(run, batch)
     checked = {}
