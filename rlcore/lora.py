@@ -139,6 +139,39 @@ def engine_max_rank(rank: int) -> int:
     return next(r for r in VLLM_MAX_LORA_RANKS if r >= rank)
 
 
+def check(cfg, hf_config, cuda: bool) -> None:
+    """Bad LoRA input, before any engine starts (rlcore.preflight.check_models); raises ValueError naming the
+    key. `cfg` is the whole Config, `hf_config` the policy's transformers config."""
+    lo = cfg.lora
+    if not lo.enabled:
+        return
+    quant = getattr(hf_config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise ValueError(f"lora.enabled=true needs an unquantized base: model.path '{cfg.model.path}' is quantized "
+                         f"({method}); the engine would serve another base than the trainer's (no QLoRA)")
+    if getattr(cfg.algorithm, "needs_critic", False):
+        raise ValueError(f"lora.enabled=true with a critic (critic.path='{cfg.critic.path}'): a critic cannot share "
+                         f"the policy's adapters; set lora.enabled=false or use a critic-free algorithm (GRPO)")
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.models import own_class
+
+    with torch.device("meta"):  # shapes and names only: no memory, no weights read
+        model = own_class(AutoModelForCausalLM, hf_config)._from_config(hf_config)
+    found = targets_in(model, lo.targets)
+    missing = [t for t, paths in found.items() if not paths]
+    if not lo.targets or missing:
+        names = sorted({n.rsplit(".", 1)[-1] for _, layer in _decoder_layers(model)
+                        for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ValueError(f"lora.targets: {', '.join(missing) or 'empty'} names no linear layer of the decoder layers "
+                         f"of model.path (its linears: {', '.join(names)})")
+    experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)
+    if experts and not cuda and lo.sync == "adapter":
+        raise ValueError(f"lora.sync=adapter: vLLM's CPU engine cannot serve LoRA on a mixture-of-experts model "
+                         f"({hf_config.model_type}, {experts} experts); use lora.sync=merged")
+
+
 # ---------------------------------------------------------------------------------------------- leaving the trainer
 
 def adapter_tensors(model: torch.nn.Module, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -111,11 +111,10 @@ def setup(cfg: Config) -> Run:
     for line in layout(cfg, dims, reference is not None, critic is not None, len(reward_models)):
         logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
-    logger.print(f"rlcore: models: actor {cfg.model.path} (trained) | critic "
+    adapters = f", LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g}, {cfg.lora.sync} sync" if cfg.lora.enabled else ""
+    logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if critic else "none")
-                 + (f" (LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g} on {','.join(cfg.lora.targets)}, "
-                    f"{cfg.lora.sync} sync)" if cfg.lora.enabled else "")
                  + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else
                                       "the actor with adapters off (no copy)" if uses_adapters_off(cfg) else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]

@@ -1,4 +1,6 @@
 """LoRA on one process (rlcore/lora.py): the maths, the names, the optimizer, the PEFT folder and the fold."""
+import re
+
 import pytest
 import torch
 
@@ -99,3 +101,69 @@ def test_peft_folder_round_trip_and_fold(tiny_models, tmp_path):
 def test_unknown_target_is_named(tiny_models):
     with pytest.raises(ValueError, match="lora.targets: qkv_proj"):
         _model(tiny_models["qwen2"], LoraConfig(enabled=True, targets=["q_proj", "qkv_proj"]))
+
+
+# ------------------------------------------------------------------------------------ bad input
+
+def _config(tiny_path, algorithm=None, **lora_fields):
+    from types import SimpleNamespace
+
+    from rlcore.config import Config
+
+    # A stand-in algorithm (tests stay independent of any algorithm file): only needs_critic is read.
+    return Config(model=ModelConfig(path=str(tiny_path)), algorithm=algorithm or SimpleNamespace(needs_critic=False),
+                  lora=LoraConfig(enabled=True, **lora_fields))
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"rank": 0}, "lora.rank must be an integer in [1, 512]"),
+    ({"rank": 1024}, "lora.rank must be an integer in [1, 512]"),
+    ({"alpha": 0.0}, "lora.alpha must be > 0 (got 0.0)"),
+    ({"lr_scale": -1.0}, "lora.lr_scale must be > 0"),
+    ({"sync": "full"}, "lora.sync must be one of adapter, merged (got 'full')"),
+])
+def test_bad_values_are_named(tiny_models, fields, says):
+    from rlcore.config import check_values
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        check_values(_config(tiny_models["qwen2"], **fields))
+
+
+def test_bad_lora_input_is_named(tiny_models):
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, Qwen3MoeConfig
+
+    path = tiny_models["qwen2"]
+    hf = AutoConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match=r"lora.targets: qkv_proj names no linear layer .* \(its linears: down_proj"):
+        lora.check(_config(path, targets=["q_proj", "qkv_proj"]), hf, cuda=False)
+    quantized = AutoConfig.from_pretrained(path)
+    quantized.quantization_config = {"quant_method": "gptq"}
+    with pytest.raises(ValueError, match=r"lora.enabled=true needs an unquantized base: .* \(gptq\)"):
+        lora.check(_config(path), quantized, cuda=False)
+    with pytest.raises(ValueError, match=r"lora.enabled=true with a critic .* cannot share the policy's adapters"):
+        lora.check(_config(path, algorithm=SimpleNamespace(needs_critic=True)), hf, cuda=False)
+    moe = Qwen3MoeConfig(vocab_size=32, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_experts=4,
+                         num_experts_per_tok=2, architectures=["Qwen3MoeForCausalLM"])
+    with pytest.raises(ValueError, match="lora.sync=adapter: vLLM's CPU engine cannot serve LoRA on a "
+                                         "mixture-of-experts model .*; use lora.sync=merged"):
+        lora.check(_config(path, targets=["q_proj", "o_proj"]), moe, cuda=False)
+    lora.check(_config(path, targets=["q_proj", "o_proj"], sync="merged"), moe, cuda=False)  # merged serves it
+
+
+def test_bad_lora_input_stops_the_entry_point_before_any_engine(tmp_path):
+    """Through launch/train.py (world size 1): exit 2, one error line naming the key, nothing written."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "recipe=demo_lora",
+                           "lora.targets=[q_proj,qkv_proj]", f"output_dir={tmp_path}/runs"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
+    assert "lora.targets: qkv_proj names no linear layer" in lines[0]
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
