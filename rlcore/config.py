@@ -108,7 +108,7 @@ class LoraConfig:
     # LoRA (bytes ~ r/hidden of the model's); "merged" streams W + (alpha/r) B A, full weights, into an
     # engine without LoRA (needed for MoE models on CPU; serves at base speed).
     sync: str = "adapter"
-    export_merged: bool = False  # exports also write a merged full HF folder (hf/step_<N>/merged/)
+    export_merged: bool = False  # exports also write the merged full model as an HF folder (hf/step_<N>_merged/)
 
 
 @dataclass

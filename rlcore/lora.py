@@ -210,6 +210,13 @@ def scale_of(model: torch.nn.Module) -> float:
     return wrapped[0][1].scale if wrapped else 0.0
 
 
+def config_of(model: torch.nn.Module) -> LoraConfig:
+    """The LoraConfig a model's adapters were made with (rank, alpha, the target names wrapped)."""
+    wrapped = lora_modules(model)
+    return LoraConfig(enabled=True, rank=wrapped[0][1].rank, alpha=wrapped[0][1].alpha,
+                      targets=sorted({n.rsplit(".", 1)[-1] for n, _ in wrapped}))
+
+
 def peft_config(cfg: LoraConfig, base_path: str, targets: list[str]) -> dict:
     """adapter_config.json as PEFT writes it for a plain LoRA (what vllm/lora/peft_helper.py validates)."""
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg.rank, "lora_alpha": cfg.alpha,

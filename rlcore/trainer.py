@@ -307,7 +307,8 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
             run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
         if last or (t.export_every and step % t.export_every == 0):
-            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
+            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer,
+                             merged=run.cfg.lora.export_merged)
     except checkpoint.SaveError as e:
         complete = checkpoint.scan(root)[0]
         kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
