@@ -167,3 +167,13 @@ def test_bad_lora_input_stops_the_entry_point_before_any_engine(tmp_path):
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert "lora.targets: qkv_proj names no linear layer" in lines[0]
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_bf16_base_keeps_fp32_adapters_and_their_gradients():
+    base = torch.nn.Linear(8, 6, dtype=torch.bfloat16)
+    layer = lora.LoRALinear(base, rank=2, alpha=4.0)
+    torch.nn.init.normal_(layer.lora_B.weight)
+    out = layer(torch.randn(3, 8, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16 and layer.lora_A.weight.dtype == torch.float32
+    out.float().sum().backward()
+    assert layer.lora_A.weight.grad.dtype == torch.float32 and layer.weight.grad is None
