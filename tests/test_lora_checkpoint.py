@@ -8,7 +8,8 @@ import torch
 from conftest import ROOT, train_cmd
 from test_checkpoint import SMALL, python, read_metrics
 
-RUN = ("recipe=demo_lora", "train.save_every=2", "lora.export_merged=true", *SMALL)
+# A KL term: its reference logprobs come from the policy with its adapters off (no reference model).
+RUN = ("recipe=demo_lora", "train.save_every=2", "lora.export_merged=true", "algorithm.kl_coef=0.05", *SMALL)
 
 
 def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(tmp_path):
@@ -36,6 +37,8 @@ def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(t
     # Resume is exact: the same metrics at every step and the same adapter bytes at the end.
     assert read_metrics(resumed) == read_metrics(run)
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in read_metrics(run))
+    assert read_metrics(run)[0]["policy/ref_kl"] == 0.0 < read_metrics(run)[-1]["policy/ref_kl"]  # B = 0, then not
+    assert "reference the actor with adapters off (no copy)" in proc.stdout + proc.stderr
     adapter = "hf/step_4/adapter_model.safetensors"
     assert (resumed / adapter).read_bytes() == (run / adapter).read_bytes()
 

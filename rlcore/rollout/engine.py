@@ -19,6 +19,7 @@ W + (alpha/r) B A (rlcore/weights.py) into an engine without LoRA.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import shutil
@@ -75,6 +76,7 @@ class RolloutEngine:
             # Each rank writes its own folder (identical bytes: every rank holds the same full adapters), so no
             # rank waits for another's file and no shared file system is needed inside an engine's TP group.
             self.adapter_root = Path(tempfile.mkdtemp(prefix=f"rlcore-lora-rank{dist.get_rank()}-"))
+            atexit.register(shutil.rmtree, self.adapter_root, ignore_errors=True)  # the last version's folder
         self.llm = LLM(
             model=cfg.model.path,
             tensor_parallel_size=cfg.rollout.tensor_parallel,
