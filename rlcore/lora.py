@@ -153,6 +153,10 @@ def check(cfg, hf_config, cuda: bool) -> None:
     if getattr(cfg.algorithm, "needs_critic", False):
         raise ValueError(f"lora.enabled=true with a critic (critic.path='{cfg.critic.path}'): a critic cannot share "
                          f"the policy's adapters; set lora.enabled=false or use a critic-free algorithm (GRPO)")
+    experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)
+    if experts and not cuda and lo.sync == "adapter":
+        raise ValueError(f"lora.sync=adapter: vLLM's CPU engine cannot serve LoRA on a mixture-of-experts model "
+                         f"({hf_config.model_type}, {experts} experts); use lora.sync=merged")
     from transformers import AutoModelForCausalLM
 
     from rlcore.models import own_class
@@ -166,10 +170,6 @@ def check(cfg, hf_config, cuda: bool) -> None:
                         for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ValueError(f"lora.targets: {', '.join(missing) or 'empty'} names no linear layer of the decoder layers "
                          f"of model.path (its linears: {', '.join(names)})")
-    experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)
-    if experts and not cuda and lo.sync == "adapter":
-        raise ValueError(f"lora.sync=adapter: vLLM's CPU engine cannot serve LoRA on a mixture-of-experts model "
-                         f"({hf_config.model_type}, {experts} experts); use lora.sync=merged")
 
 
 # ---------------------------------------------------------------------------------------------- leaving the trainer

@@ -318,8 +318,8 @@ def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, atte
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
     """AdamW over the trainable parameters only (with LoRA: the adapters; the frozen base has no state)."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas),
+                            eps=cfg.eps, weight_decay=cfg.weight_decay)
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:
