@@ -119,6 +119,12 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
         if saved[key] != meta[key]:
             raise ValueError(f"resume: checkpoint {path} was saved by a run with {field} '{saved[key]}', "
                              f"but this run has {field} '{meta[key]}'")
+    # A LoRA checkpoint holds adapters of one shape only (and a full one no adapters): they must match.
+    for key in ("lora.enabled", "lora.rank", "lora.targets") if meta["config"].get("lora.enabled") or \
+            saved["config"].get("lora.enabled") else ():
+        if saved["config"].get(key) != meta["config"].get(key):
+            raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key)}, but this "
+                             f"run has {key}={meta['config'].get(key)}")
     changed = sorted(k for k in set(saved["config"]) | set(meta["config"])
                      if saved["config"].get(k) != meta["config"].get(k))
     if changed:

@@ -177,3 +177,24 @@ def test_bf16_base_keeps_fp32_adapters_and_their_gradients():
     assert out.dtype == torch.bfloat16 and layer.lora_A.weight.dtype == torch.float32
     out.float().sum().backward()
     assert layer.lora_A.weight.grad.dtype == torch.float32 and layer.weight.grad is None
+
+
+def test_resume_refuses_a_checkpoint_of_other_adapters(tmp_path):
+    """A LoRA checkpoint holds adapters of one rank and set of targets: resuming it without LoRA, or with
+    another shape, stops before anything loads (checkpoint.resolve), naming the key."""
+    import json
+    from types import SimpleNamespace
+
+    from rlcore import checkpoint
+
+    ckpt = tmp_path / "step_2"
+    ckpt.mkdir()
+    saved = {"lora.enabled": True, "lora.rank": 16, "lora.targets": ["q_proj"]}
+    (ckpt / checkpoint.MARKER).write_text(json.dumps({"step": 2, "model_path": "m", "algorithm": "a",
+                                                      "config": saved}))
+    cfg = SimpleNamespace(resume=str(ckpt))
+    for key, value in (("lora.enabled", False), ("lora.rank", 8)):
+        meta = {"model_path": "m", "algorithm": "a", "config": saved | {key: value}}
+        with pytest.raises(ValueError, match=f"saved with {key}=.*but this run has {key}={value}"):
+            checkpoint.resolve(cfg, tmp_path, meta)
+    assert checkpoint.resolve(cfg, tmp_path, {"model_path": "m", "algorithm": "a", "config": saved})[0] == ckpt
