@@ -43,7 +43,8 @@ Generation bar, bytes per GPU:
   trainer        trained params + AdamW state (gradients are freed) + frozen shards kept on the GPU
   runtime        CPU only: CPU_RUNTIME_GB per rank (the process itself, measured on the demo)
   engine         CUDA: gpu_memory_utilization * memory (vLLM takes that fraction), holding weights
-                 b_c*P/k (+ with lora.sync=adapter one LoRA slot b_c*A'/k, A' = A at vLLM's max_lora_rank), an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
+                 b_c*P/k (+ with lora.sync=adapter one LoRA slot b_c*A'/k, A' = A at vLLM's max_lora_rank),
+                 an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
                  the KV cache in the rest; CPU: weights + cpu_kv_cache_gb
   KV per token   2 (K and V) * L * max(1, n_kv/k) * d * b_c (vLLM shards KV heads over TP, replicating
                  them when k > n_kv); sequences = KV tokens / (max_prompt_tokens + response tokens)
@@ -334,7 +335,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
             resident.append((f"{x.role} params, frozen ({m.dtype}, /{world})", b_m * x.params / world))
     big = max((x for x in models if x.trained), key=lambda x: x.params).shapes
     gathered = b_c * (2 * big.root + 2 * big.layer) + 4 * big.layer
-    if adapters and not any(x.trained and not x.adapters for x in models):  # no root grad, adapter grads only
+    if adapters:  # LoRA (no critic): no root gradient, one layer's adapter gradient
         gathered = b_c * (big.root + 2 * big.layer) + 4 * adapters // big.layers
     rows = min(tokens, t.logprob_chunk_tokens) if t.logprob_chunk_tokens else tokens  # logits rows held at once
     act = big.activation_bytes_per_token(m.activation_checkpointing, b_c)
