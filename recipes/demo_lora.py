@@ -6,7 +6,7 @@ on its frozen weights (rlcore/lora.py), on 2 CPU ranks; the engine loads each ne
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=demo_lora lora.sync=merged
 
 A copy of recipes/demo.py (model, data, reward, GRPO, steps) plus the `lora` section. Prints held-out greedy
-accuracy before and after (measured: start 17.2% -> end 83.6%, 45 s); writes runs/demo_lora/, with PEFT
+accuracy before and after (measured: start 17.2% -> end 82.4%, about a minute); writes runs/demo_lora/, with PEFT
 adapter folders as exports (hf/step_<N>/).
 """
 from rlcore import tiny

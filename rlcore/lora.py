@@ -43,7 +43,8 @@ PEFT_PREFIX = "base_model.model."
 class LoRALinear(torch.nn.Linear):
     """A frozen nn.Linear plus a trainable low-rank update; see the module docstring for the maths."""
 
-    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, dtype: torch.dtype = torch.float32):
+    def __init__(self, base: torch.nn.Linear, rank: int, alpha: float, dtype: torch.dtype = torch.float32,
+                 generator: torch.Generator | None = None):
         torch.nn.Module.__init__(self)  # not nn.Linear's: it would allocate a new weight
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight, self.bias = base.weight, base.bias  # the base's own parameters, names unchanged
@@ -54,7 +55,11 @@ class LoRALinear(torch.nn.Linear):
         self.lora_A = torch.nn.Linear(self.in_features, rank, bias=False, device=device, dtype=dtype)
         self.lora_B = torch.nn.Linear(rank, self.out_features, bias=False, device=device, dtype=dtype)
         # PEFT's init: A as nn.Linear's default (Kaiming-uniform, a=sqrt(5)), B = 0, so B A = 0 at the start.
-        torch.nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5))
+        # Drawn on CPU from `generator`: every rank draws the same A before fully_shard keeps its slice.
+        a = torch.empty(self.lora_A.weight.shape, dtype=dtype)
+        torch.nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        with torch.no_grad():
+            self.lora_A.weight.copy_(a)
         torch.nn.init.zeros_(self.lora_B.weight)
         self.rank, self.alpha, self.scale = rank, alpha, alpha / rank
         self.adapter_on = True
@@ -90,9 +95,10 @@ def _decoder_layers(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Modu
         yield f"{prefix}.{i}", layer
 
 
-def apply(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
+def apply(model: torch.nn.Module, cfg: LoraConfig, seed: int = 0) -> torch.nn.Module:
     """Freeze the whole model and wrap cfg.targets in LoRALinear (in place; before rlcore.models.shard).
-    Identity when LoRA is off. The adapters are fp32 whatever the base dtype."""
+    Identity when LoRA is off. The adapters are fp32 whatever the base dtype; A is drawn from `seed` (the run
+    seed) alone, so it is the same on every rank and for any world size or load order."""
     if not cfg.enabled:
         return model
     model.requires_grad_(False)
@@ -100,11 +106,11 @@ def apply(model: torch.nn.Module, cfg: LoraConfig) -> torch.nn.Module:
     missing = [t for t, paths in found.items() if not paths]
     if missing:
         raise ValueError(f"lora.targets: {', '.join(missing)} names no linear layer of the decoder layers")
-    for paths in found.values():
-        for path in paths:
-            parent_path, _, leaf = path.rpartition(".")
-            parent = model.get_submodule(parent_path)
-            setattr(parent, leaf, LoRALinear(getattr(parent, leaf), cfg.rank, cfg.alpha))
+    generator = torch.Generator().manual_seed(seed)
+    for path in sorted(p for paths in found.values() for p in paths):  # one fixed order of draws
+        parent_path, _, leaf = path.rpartition(".")
+        parent = model.get_submodule(parent_path)
+        setattr(parent, leaf, LoRALinear(getattr(parent, leaf), cfg.rank, cfg.alpha, generator=generator))
     return model
 
 

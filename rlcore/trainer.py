@@ -85,7 +85,7 @@ def setup(cfg: Config) -> Run:
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None)
     # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
-    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora), fsdp_mesh, cfg.model)
+    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, cfg.seed), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
                                                   total_optimizer_steps(cfg))
     reference = critic = critic_optimizer = critic_scheduler = None

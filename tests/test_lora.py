@@ -198,3 +198,15 @@ def test_resume_refuses_a_checkpoint_of_other_adapters(tmp_path):
         with pytest.raises(ValueError, match=f"saved with {key}=.*but this run has {key}={value}"):
             checkpoint.resolve(cfg, tmp_path, meta)
     assert checkpoint.resolve(cfg, tmp_path, {"model_path": "m", "algorithm": "a", "config": saved})[0] == ckpt
+
+
+def test_adapter_init_depends_on_the_seed_only(tiny_models):
+    def a_weights(seed):
+        model = lora.apply(models.load_causal_lm(ModelConfig(path=str(tiny_models["qwen2"]))),
+                           LoraConfig(enabled=True, rank=4), seed)
+        return torch.cat([m.lora_A.weight.flatten() for _, m in lora.lora_modules(model)])
+
+    torch.manual_seed(123)  # the global RNG (which the engine and loaders may use) plays no part
+    first = a_weights(0)
+    torch.manual_seed(456)
+    assert torch.equal(first, a_weights(0)) and not torch.equal(first, a_weights(1))

@@ -28,7 +28,7 @@ cfg = Config(model=ModelConfig(path=model_dir), rollout=RolloutConfig(tensor_par
              lora=LoraConfig(enabled=True, rank=8, alpha=16.0), optim=OptimConfig(lr=2e-3))
 fsdp_mesh, _ = build_meshes(ParallelDims(dist.get_world_size(), 2))
 engine = RolloutEngine(cfg, max_model_len=64)
-policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora), fsdp_mesh, cfg.model)
+policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, seed=0), fsdp_mesh, cfg.model)
 optimizer, _ = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim), total_steps=6)
 
 seqs = torch.randint(3, 20, (3, 16), generator=torch.Generator().manual_seed(7))  # same on every rank
