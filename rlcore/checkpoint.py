@@ -40,7 +40,7 @@ MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
             "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
-            "train.log_every", "train.max_skipped_steps")
+            "train.log_every", "train.max_skipped_steps", "lora.export_merged")
 
 
 class SaveError(RuntimeError):
