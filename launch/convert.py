@@ -5,7 +5,8 @@
 
 No torchrun and no GPU: the sharded checkpoint is read whole on CPU (it may have been saved on any
 number of ranks). The result loads with transformers `from_pretrained` and vLLM `LLM(model=...)`, and
-is byte-identical to what the run itself exported at that step (train.export_every).
+is byte-identical to what the run itself exported at that step (train.export_every). A LoRA run's
+checkpoint holds adapters only: it converts to the same PEFT adapter folder the run exports.
 """
 from __future__ import annotations
 
@@ -17,13 +18,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import checkpoint, export  # noqa: E402
+from rlcore import checkpoint, export, lora  # noqa: E402
+from rlcore.config import LoraConfig  # noqa: E402
 
 
 def convert(ckpt: Path, out: Path, model: str = "policy") -> None:
     if not (ckpt / checkpoint.MARKER).is_file():
         raise ValueError(f"{ckpt} is not a complete checkpoint (no {checkpoint.MARKER})")
     weights = export.read_model(ckpt, model)
+    if any(".lora_" in name for name in weights):  # a LoRA run saved its adapters only: a PEFT folder
+        saved = json.loads((ckpt / checkpoint.MARKER).read_text())
+        lo = LoraConfig(enabled=True, rank=saved["config"]["lora.rank"], alpha=saved["config"]["lora.alpha"],
+                        targets=sorted(saved["config"]["lora.targets"]))
+        error = export._write_adapter(out, weights, lora.peft_config(lo, saved["model_path"], lo.targets))
+        if error:
+            raise ValueError(error)
+        return
     config = json.loads((ckpt / "model_files" / "config.json").read_text())
     if config.get("tie_word_embeddings"):
         weights.pop("lm_head.weight", None)  # one tensor under the embedding's name, as trained

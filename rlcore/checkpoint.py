@@ -4,7 +4,8 @@ On disk, under runs/<name>/:
 
     checkpoints/step_<N>/          one complete checkpoint, renamed into place only once complete
         .metadata, __<r>_0.distcp  torch.distributed.checkpoint (DCP): every trained model and its
-                                   optimizer, as sharded while training (loads onto any world size)
+                                   optimizer, as sharded while training (loads onto any world size);
+                                   with LoRA the adapters and their optimizer state only
         trainer.pt                 rank 0: LR schedulers and the loop's counters (step, skipped steps)
         rank_<r>.pt                rank r: RNG states (python, numpy, torch CPU, device), prompt stream
         model_files/               config.json, generation_config.json, tokenizer: what an export needs
@@ -33,13 +34,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
             "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
-            "train.log_every", "train.max_skipped_steps")
+            "train.log_every", "train.max_skipped_steps", "lora.export_merged")
 
 
 class SaveError(RuntimeError):
@@ -118,6 +119,12 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
         if saved[key] != meta[key]:
             raise ValueError(f"resume: checkpoint {path} was saved by a run with {field} '{saved[key]}', "
                              f"but this run has {field} '{meta[key]}'")
+    # A LoRA checkpoint holds adapters of one shape only (and a full one no adapters): they must match.
+    for key in ("lora.enabled", "lora.rank", "lora.targets") if meta["config"].get("lora.enabled") or \
+            saved["config"].get("lora.enabled") else ():
+        if saved["config"].get(key) != meta["config"].get(key):
+            raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key)}, but this "
+                             f"run has {key}={meta['config'].get(key)}")
     changed = sorted(k for k in set(saved["config"]) | set(meta["config"])
                      if saved["config"].get(k) != meta["config"].get(k))
     if changed:
@@ -137,9 +144,18 @@ def _model_state(trained: dict) -> dict:
     optimizer state on a fresh optimizer, so DCP has tensors to load into."""
     state = {}
     for name, (model, optimizer, _) in trained.items():
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(model))
         state[name] = {"model": model_sd, "optim": optim_sd}
     return state
+
+
+def _options(model) -> StateDictOptions:
+    """A LoRA model (rlcore/lora.py) saves and loads its adapters only: the frozen base is model.path's,
+    which COMPLETE.json records and resume checks."""
+    from rlcore.lora import has_lora
+
+    frozen = has_lora(model)
+    return StateDictOptions(ignore_frozen_params=frozen, strict=not frozen)
 
 
 def rng_state() -> dict:
@@ -256,7 +272,7 @@ def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str
     dcp.load(state, checkpoint_id=path)  # each rank reads the slices of its own shards
     for name, (model, optimizer, _) in trained.items():
         set_state_dict(model, optimizer, model_state_dict=state[name]["model"],
-                       optim_state_dict=state[name]["optim"])
+                       optim_state_dict=state[name]["optim"], options=_options(model))
     common = torch.load(path / "trainer.pt", weights_only=False)
     for name, (_, _, scheduler) in trained.items():
         scheduler.load_state_dict(common["schedulers"][name])

@@ -92,6 +92,26 @@ class TrainConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (rlcore/lora.py); defaults and their sources: /work/shared/notes/lora.md.
+    `lora=true` on the command line is short for `lora.enabled=true`."""
+    SHORTHAND: ClassVar[str] = "enabled"
+    enabled: bool = False  # train low-rank adapters on a frozen base instead of every weight
+    rank: int = 16  # r, adapter rank, 1..512 (vLLM serves up to 512); 16 as torchtune / prime-rl; RL works at 1
+    alpha: float = 32.0  # the update is scaled by alpha / rank; 32 keeps the best LR near rank-independent (TML)
+    # Decoder-layer linears to adapt, by their last name (HF Llama / Qwen names); every linear, MLP included
+    # (TML "LoRA Without Regret"). Never embeddings or the LM head.
+    targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                       "up_proj", "down_proj"])
+    lr_scale: float = 10.0  # adapters train at lr_scale x optim.lr; ~10x the full fine-tuning LR (TML, Tinker)
+    # How the engine gets the update: "adapter" writes only A and B as a PEFT folder that vLLM loads as a
+    # LoRA (bytes ~ r/hidden of the model's); "merged" streams W + (alpha/r) B A, full weights, into an
+    # engine without LoRA (needed for MoE models on CPU; serves at base speed).
+    sync: str = "adapter"
+    export_merged: bool = False  # exports also write the merged full model as an HF folder (hf/step_<N>_merged/)
+
+
+@dataclass
 class CriticConfig:
     path: str = ""  # "" = no critic; "policy" = initialise from model.path; or a transformers model folder/hub id
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))  # the critic's own AdamW + schedule
@@ -133,6 +153,7 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # the vLLM engines, sampling, environments
     optim: OptimConfig = field(default_factory=OptimConfig)  # the policy's AdamW and LR schedule
     train: TrainConfig = field(default_factory=TrainConfig)  # steps, batching, evals, checkpoints, exports
+    lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters on the policy; lora.enabled=true
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
@@ -207,6 +228,10 @@ VALID = {
     "train.save_every": _at_least(0), "train.keep_checkpoints": _at_least(1), "train.export_every": _at_least(0),
     "train.max_skipped_steps": _at_least(1), "train.logprob_chunk_tokens": _at_least(0),
     "train.max_tokens_per_micro_batch": _at_least(0),
+    # vLLM 0.32 takes max_lora_rank in {1, 8, ..., 320, 512} and serves any adapter rank up to it.
+    "lora.rank": (lambda v: isinstance(v, int) and 1 <= v <= 512, "an integer in [1, 512] (vLLM's largest "
+                  "max_lora_rank is 512)"),
+    "lora.alpha": _above(0), "lora.lr_scale": _above(0), "lora.sync": _one_of("adapter", "merged"),
 }
 
 

@@ -10,6 +10,10 @@ Weights are in checkpoint format, as `save_pretrained` writes them (rlcore/weigh
 layer's fused experts split back into one tensor per expert). Tensors keep the master dtype
 (model.dtype); config.json is the original model's. The folder is written beside itself under a
 temporary name and renamed when whole.
+
+A LoRA policy (rlcore/lora.py) exports a PEFT adapter folder instead (adapter_config.json +
+adapter_model.safetensors, for vLLM's LoRARequest or peft), and on request (lora.export_merged) the merged
+full model beside it as hf/step_<N>_merged/.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from rlcore import checkpoint
+from rlcore import checkpoint, lora
 from rlcore.weights import by_layer, checkpoint_weights, to_checkpoint_format
 
 
@@ -82,15 +86,40 @@ def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files
     checkpoint._replace(tmp, out)
 
 
-def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer) -> None:
-    """Collective: the trained model as an HF folder at `out` (written by rank 0)."""
+def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer, merged: bool = False) -> None:
+    """Collective: the trained model as an HF folder at `out` (written by rank 0). A LoRA model exports its
+    adapters as a PEFT folder at `out` (adapter_config.json + adapter_model.safetensors, fp32), and with
+    `merged` also the full merged model (W + (alpha/r) B A) as an HF folder at `out`_merged."""
     error = None
+    if lora.has_lora(model):
+        tensors = lora.adapter_tensors(model)  # collective: every rank gathers
+        if dist.get_rank() == 0:
+            error = _write_adapter(out, tensors, lora.peft_config(lora.config_of(model), model_path,
+                                                                 lora.config_of(model).targets))
+        checkpoint._agree(error)
+        if not merged:
+            return
+        out = out.with_name(f"{out.name}_merged")
     try:
         write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path,
                  writer=dist.get_rank() == 0)
     except Exception as e:  # OSError, or the safetensors writer's own error type
         error = f"cannot write HF export {out}: {e}"
     checkpoint._agree(error)
+
+
+def _write_adapter(out: Path, tensors: dict[str, torch.Tensor], config: dict) -> str | None:
+    """A PEFT adapter folder, written beside itself and renamed when whole; an error line, or None."""
+    tmp = out.with_name(f".{out.name}.tmp")
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        lora.write_peft(tmp, tensors, config)
+        for f in tmp.iterdir():
+            f.chmod(0o644)
+        checkpoint._replace(tmp, out)
+    except Exception as e:  # OSError, or the safetensors writer's own error type
+        return f"cannot write LoRA adapter export {out}: {e}"
+    return None
 
 
 def read_model(path: Path, name: str = "policy") -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore import models, packing
+from rlcore import lora, models, packing
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.parallel import device_type
@@ -60,6 +60,9 @@ def prepare(run: Run, batch: Batch, step: int) -> tuple[DriftCheck, dict[str, fl
         check()
     if run.reference is not None:
         batch.ref_logprobs = forward_logprobs(run, run.reference, batch)
+    elif lora.uses_adapters_off(cfg):  # LoRA: the reference is the policy with its adapters switched off
+        with lora.adapters_off(run.policy):
+            batch.ref_logprobs = forward_logprobs(run, run.policy, batch)
     if run.critic is not None:
         batch.values = forward_values(run, batch)
     batch.advantages, metrics = cfg.algorithm.advantages(batch, reduce_sum)

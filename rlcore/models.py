@@ -317,8 +317,9 @@ def sequence_scores(reward_model: torch.nn.Module, input_ids: torch.Tensor, atte
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, total_steps: int):
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
+    """AdamW over the trainable parameters only (with LoRA: the adapters; the frozen base has no state)."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas),
+                            eps=cfg.eps, weight_decay=cfg.weight_decay)
 
     def factor(step: int) -> float:
         if step < cfg.warmup_steps:

@@ -18,11 +18,16 @@ Parameters (qwen2 / qwen3 / llama decoders: RMSNorm, SwiGLU MLP, grouped-query a
            [+ h o_proj bias: attention_bias]   [+ 2*d q/k norms: qwen3]
   actor, reference   P = L*layer + V*h embedding + h final norm [+ V*h lm_head when not tied]
   critic             P without the lm_head + h + 1 (value head, with bias)
+  LoRA adapters      A = L * r * sum over lora.targets of (in + out): q (h, n_q*d), k and v (h, n_kv*d),
+                     o (n_q*d, h), gate and up (h, I), down (I, h); other names count 0
   reward model       P without the lm_head + h (score head, no bias)
 Train bar, bytes per GPU:
   trained model  params b_m*P/W + grads b_m*P/W + AdamW m and v 2*b_m*P/W (torch keeps them in the param
                  dtype: 16*P/W for float32)
   frozen model   b_m*P/W; 0 with model.offload_frozen on CUDA
+  LoRA actor     base b_m*P/W (frozen) + adapters 4*A/W + their grads 4*A/W + AdamW 8*A/W (fp32); no
+                 reference model (the reference is the actor with adapters off); gathered units hold no
+                 root gradient (embedding and head are frozen) and one layer's adapter gradient 4*A/L
   gathered       the largest trained model: b_c*(root + 2*layer) + b_c*root + 4*layer, where
                  root = V*h (2*V*h untied) + h. The root unit stays gathered through forward and backward
                  with its unsharded gradient; two decoder layers are in flight (prefetch); one layer's
@@ -38,7 +43,8 @@ Generation bar, bytes per GPU:
   trainer        trained params + AdamW state (gradients are freed) + frozen shards kept on the GPU
   runtime        CPU only: CPU_RUNTIME_GB per rank (the process itself, measured on the demo)
   engine         CUDA: gpu_memory_utilization * memory (vLLM takes that fraction), holding weights
-                 b_c*P/k, an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
+                 b_c*P/k (+ with lora.sync=adapter one LoRA slot b_c*A'/k, A' = A at vLLM's max_lora_rank),
+                 an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
                  the KV cache in the rest; CPU: weights + cpu_kv_cache_gb
   KV per token   2 (K and V) * L * max(1, n_kv/k) * d * b_c (vLLM shards KV heads over TP, replicating
                  them when k > n_kv); sequences = KV tokens / (max_prompt_tokens + response tokens)
@@ -94,6 +100,13 @@ class Shapes:
         return (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h + (q + 2 * kv) * self.qkv_bias
                 + h * self.o_bias + 2 * self.head_dim * self.qk_norm)
 
+    def adapter_params(self, rank: int, targets: list[str]) -> int:
+        """LoRA parameters over all layers: r * (in + out) for each adapted linear (rlcore/lora.py)."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        sides = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
+                 "up_proj": h + i, "down_proj": i + h}
+        return self.layers * rank * sum(sides.get(t, 0) for t in set(targets))
+
     @property
     def root(self) -> int:  # the FSDP root unit: embedding, final norm, lm_head when untied
         return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
@@ -137,6 +150,7 @@ class Model:
     shapes: Shapes
     trained: bool
     offloaded: bool = False
+    adapters: int = 0  # LoRA: the trained adapter parameters (the base is frozen)
 
     @property
     def params(self) -> int:
@@ -178,6 +192,7 @@ class Plan:
     kv_tokens: int
     seq_len: int
     micro_tokens: int
+    sync_bytes: int = 0  # bytes handed to each engine rank per weight sync
     levers: dict[str, list[tuple[str, float, bool]]] = field(default_factory=dict)  # bar -> (lever, saved, fits)
 
     @property
@@ -219,9 +234,15 @@ class Plan:
         lines = [f"rlcore plan: {cfg.name} on {self.nnodes} node(s) x {self.nproc_per_node} {unit}s; {where}",
                  f"mesh: world {w}; FSDP over ranks 0-{w - 1}; {w // k} rollout group(s) x tp={k}: {groups}"]
         for role in ("actor", "critic", "reference"):
-            lines += [f"  {role:<9} none"] if role not in {m.role for m in self.models if m.role != "reward"} else []
+            if role == "reference" and cfg.lora.enabled and cfg.algorithm.needs_reference:
+                lines.append(f"  {role:<9} the actor with its adapters off (LoRA): no copy")
+            elif role not in {m.role for m in self.models if m.role != "reward"}:
+                lines.append(f"  {role:<9} none")
             for m in (m for m in self.models if m.role == role):
                 how = "trained, AdamW" if m.trained else "frozen" + (", offloaded to CPU" if m.offloaded else "")
+                if m.adapters:
+                    how = (f"base frozen; LoRA r={cfg.lora.rank} adapters trained, AdamW: {m.adapters:,} params "
+                           f"({100 * m.adapters / m.params:.2f}%)")
                 lines.append(f"  {role:<9} {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), {how}, "
                              f"FSDP over {w} ranks ({m.shapes.layers} layer units + root)")
         lines += [f"  {'reward':<9} model {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), frozen"
@@ -237,6 +258,11 @@ class Plan:
             verdict = "fits" if bar.fits else f"DOES NOT FIT ({bar.short / GB:.1f} GB short)"
             lines.append(f"  {'total' + (f' x {bar.ranks_sharing} ranks' if bar.ranks_sharing > 1 else ''):<58} "
                          f"{total / GB:8.2f} GB  of {bar.limit / GB:.1f} usable: {verdict}")
+        what = (f"LoRA adapters only (lora.sync=adapter; {self.models[0].adapters:,} of "
+                f"{self.models[0].params:,} params)"
+                if cfg.lora.enabled and cfg.lora.sync == "adapter" else
+                "full weights, adapters merged (lora.sync=merged)" if cfg.lora.enabled else "full weights")
+        lines.append(f"SYNC per step: {self.sync_bytes / GB:.4f} GB per engine rank before its TP cut, {what}")
         per_engine = cfg.rollout.prompts_per_step // (w // k) * cfg.rollout.group_size
         lines.append(f"KV cache: {self.kv_per_token:,} B/token per TP rank; {self.kv_tokens:,} tokens fit = "
                      f"{self.kv_tokens // self.seq_len:,} sequences of {self.seq_len} tokens "
@@ -277,11 +303,13 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     actor = Shapes.from_config(read_config(m.path))
     dims.validate(actor.heads, actor.kv_heads)
     offload = m.offload_frozen and cuda
-    models = [Model("actor", m.path, actor, trained=True)]
+    lo = cfg.lora
+    adapters = actor.adapter_params(lo.rank, lo.targets) if lo.enabled else 0
+    models = [Model("actor", m.path, actor, trained=True, adapters=adapters)]
     if getattr(cfg.algorithm, "needs_critic", False):
         path = m.path if cfg.critic.path == "policy" else cfg.critic.path
         models.append(Model("critic", path, Shapes.from_config(read_config(path, "critic.path")), trained=True))
-    if cfg.algorithm.needs_reference:
+    if cfg.algorithm.needs_reference and not lo.enabled:  # LoRA: the actor with adapters off is the reference
         models.append(Model("reference", m.path, actor, trained=False, offloaded=offload))
     models += [Model("reward", s.model, Shapes.from_config(read_config(s.model, f"rewards[{i}].model")),
                      trained=False, offloaded=offload) for i, s in enumerate(cfg.rewards) if s.model]
@@ -294,7 +322,12 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     if not cuda:  # a CPU rank's own process: interpreter, torch, transformers and vLLM code and their state
         resident.append((f"process runtime (python, torch, vLLM; measured)", CPU_RUNTIME_GB * GB))
     for x in models:
-        if x.trained:
+        if x.adapters:
+            resident += [(f"{x.role} base params, frozen ({m.dtype}, /{world})", b_m * x.params / world),
+                         (f"{x.role} LoRA adapters (float32, /{world})", 4 * x.adapters / world),
+                         (f"{x.role} AdamW m + v of the adapters (float32, /{world})", 8 * x.adapters / world)]
+            grads.append((f"{x.role} adapter grads (float32, /{world})", 4 * x.adapters / world))
+        elif x.trained:
             resident += [(f"{x.role} params ({m.dtype}, /{world})", b_m * x.params / world),
                          (f"{x.role} AdamW m + v ({m.dtype}, /{world})", 2 * b_m * x.params / world)]
             grads.append((f"{x.role} grads ({m.dtype}, /{world})", b_m * x.params / world))
@@ -302,12 +335,18 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
             resident.append((f"{x.role} params, frozen ({m.dtype}, /{world})", b_m * x.params / world))
     big = max((x for x in models if x.trained), key=lambda x: x.params).shapes
     gathered = b_c * (2 * big.root + 2 * big.layer) + 4 * big.layer
+    if adapters:  # LoRA (no critic): no root gradient, one layer's adapter gradient
+        gathered = b_c * (big.root + 2 * big.layer) + 4 * adapters // big.layers
     rows = min(tokens, t.logprob_chunk_tokens) if t.logprob_chunk_tokens else tokens  # logits rows held at once
     act = big.activation_bytes_per_token(m.activation_checkpointing, b_c)
     other = big.activation_bytes_per_token(not m.activation_checkpointing, b_c)
 
     kv_per_token = actor.kv_bytes_per_token(r.tensor_parallel, b_c)
     weights = b_c * actor.params() / r.tensor_parallel
+    if lo.enabled and lo.sync == "adapter":  # vLLM allocates one LoRA slot at max_lora_rank up front
+        from rlcore.lora import engine_max_rank
+        weights += b_c * actor.adapter_params(engine_max_rank(lo.rank), lo.targets) / r.tensor_parallel
+    sync = b_c * (adapters if lo.enabled and lo.sync == "adapter" else actor.params())
     if cuda:
         budget = r.gpu_memory_utilization * memory
         kv = budget - weights - ENGINE_OVERHEAD_GB * GB
@@ -329,7 +368,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     generation = Bar("generation", resident + engine, (1 - MARGIN) * memory, 1 if cuda else nproc,
                      kv_short=seq * kv_per_token - kv)
     return Plan(cfg, nproc, nnodes, device, memory, models, train, generation, kv_per_token,
-                max(0, int(kv // kv_per_token)), seq, tokens)
+                max(0, int(kv // kv_per_token)), seq, tokens, sync_bytes=sync)
 
 
 def _levers(plan: Plan, bar: str) -> list[tuple[str, float, bool]]:

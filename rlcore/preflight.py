@@ -18,9 +18,10 @@ import os
 import tempfile
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, models, plan, rewards
+from rlcore import checkpoint, lora, models, plan, rewards
 from rlcore.config import Config, validate
 from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.errors import describe
@@ -99,6 +100,7 @@ def prepare(cfg: Config) -> None:
 def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
     """-> (the actor's HF config, the engine context, (the launch plan or None, a line to print or ""))."""
     hf_config = models.check_model(cfg.model.path)
+    lora.check(cfg, hf_config, torch.cuda.is_available())  # before check_architecture: a quantized base says why
     check_architecture(cfg.model.path, hf_config)
     weights = {"model.path": cfg.model.path}
     for i, spec in enumerate(cfg.rewards):

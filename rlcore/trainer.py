@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, logprobs, models, preflight, rewards, update
+from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, update
 from rlcore.collectives import RunError, all_max, all_sum
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_tokenizer
@@ -51,10 +51,13 @@ def setup(cfg: Config) -> Run:
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None)
-    policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
-    optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_optimizer_steps(cfg))
+    # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
+    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, cfg.seed), fsdp_mesh, cfg.model)
+    optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
+                                                  total_optimizer_steps(cfg))
     reference = critic = critic_optimizer = critic_scheduler = None
-    if cfg.algorithm.needs_reference:
+    # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
+    if cfg.algorithm.needs_reference and not cfg.lora.enabled:
         reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
                                  frozen=True)
     if needs_critic(cfg):
@@ -75,10 +78,12 @@ def setup(cfg: Config) -> Run:
     for line in layout(cfg, dims, reference is not None, critic is not None, len(reward_models)):
         logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
-    logger.print(f"rlcore: models: actor {cfg.model.path} (trained) | critic "
+    adapters = f", LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g}, {cfg.lora.sync} sync" if cfg.lora.enabled else ""
+    logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if critic else "none")
-                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else "none")
+                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else
+                                      "the actor with adapters off (no copy)" if lora.uses_adapters_off(cfg) else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
                                             + ([f"env x{cfg.rollout.env_weight:g}"] if envs.factory else [])))
@@ -231,7 +236,8 @@ def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal
             size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
             run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
         if last or (t.export_every and step % t.export_every == 0):
-            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer)
+            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer,
+                             merged=run.cfg.lora.export_merged)
     except checkpoint.SaveError as e:
         complete = checkpoint.scan(root)[0]
         kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"

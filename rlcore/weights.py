@@ -25,6 +25,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from rlcore.lora import fold, scale_of
+
 
 @dataclass
 class Unit:
@@ -69,14 +71,15 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None,
     load), and waited for only when its turn comes: the sync then holds the current unit's copies and the
     next unit's gathered shards, two units, never more. master=True (the HF export): each parameter's full
     master-dtype tensor, on CPU. Converting a unit (e.g. splitting fused experts) may briefly hold a second
-    copy of it. `stats`, if given (rlcore.rollout.SyncStats), counts bytes and the largest unit."""
-    found = units(model)
+    copy of it. `stats`, if given (rlcore.rollout.SyncStats), counts bytes and the largest unit.
+    A model with LoRA adapters (rlcore/lora.py) leaves merged: W + (alpha/r) B A, no adapter tensors."""
+    found, scale = units(model), scale_of(model)
     if master:
         for unit in found:
             # One parameter on the device at a time; the unit accumulates in CPU memory.
             tensors = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
                        for n, p in unit.tensors().items()}
-            yield from _counted(model, tensors, stats)
+            yield from _counted(model, fold(tensors, scale), stats)
         return
     pending = _unshard(found[0], async_op=overlap)
     for i, unit in enumerate(found):
@@ -84,7 +87,9 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None,
             pending.wait()
         following = found[i + 1] if i + 1 < len(found) else None
         pending = _unshard(following, async_op=True) if overlap and following else None
-        tensors = {n: p.detach().to(dtype or p.dtype, copy=True) for n, p in unit.tensors().items()}
+        # LoRA (merged sync): each adapted weight leaves as W + s B A, computed before the cast to `dtype`.
+        tensors = fold({n: p.detach() for n, p in unit.tensors().items()}, scale)
+        tensors = {n: t.to(dtype or t.dtype, copy=True) for n, t in tensors.items()}
         if isinstance(unit.module, FSDPModule):
             unit.module.reshard()
         yield from _counted(model, tensors, stats)

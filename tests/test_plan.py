@@ -162,3 +162,24 @@ def test_torchrun_report_names_the_error(tmp_path):
     assert rank_exit_codes(proc) == {2}
     root_cause = proc.stderr.split("Root Cause")[-1]
     assert "rlcore: error: config key 'optim.lr' expects float, got 'fast'" in root_cause, proc.stderr[-3000:]
+
+
+def test_lora_plan_drops_the_reference_and_the_base_optimizer_state(tmp_path):
+    """LoRA (lora=true): adapter params by hand; the train bar holds the frozen base, and only the adapters'
+    params, grads and AdamW moments; no reference copy; the sync moves the adapters only."""
+    full = grpo_plan(tmp_path, QWEN25_1P5B, "algorithm.kl_coef=0.01")
+    p = grpo_plan(tmp_path, QWEN25_1P5B, "algorithm.kl_coef=0.01", "lora=true", "lora.rank=16")
+    h, q, kv, i = 1536, 1536, 256, 8960  # 12 heads x 128, 2 kv heads x 128
+    per_rank = (h + q) + 2 * (h + kv) + (q + h) + 3 * (h + i)  # q, k, v, o, gate, up, down
+    adapters = 28 * 16 * per_rank
+    assert p.models[0].adapters == adapters == 18_464_768
+    assert [m.role for m in p.models] == ["actor"] and "reference" in [m.role for m in full.models]
+    assert part(p.train, "actor LoRA adapters") == 4 * adapters / 8
+    assert part(p.train, "actor AdamW m + v of the adapters") == 8 * adapters / 8
+    assert part(p.train, "actor adapter grads") == 4 * adapters / 8
+    assert part(p.train, "reference") == 0 and part(p.train, "actor AdamW m + v (") == 0
+    assert p.train.total < full.train.total - 3 * 0.7 * GB  # base grads, AdamW and the reference gone
+    assert p.sync_bytes == 2 * adapters and full.sync_bytes == 2 * full.models[0].params  # in the bf16 engine dtype
+    text = p.render()
+    assert "reference the actor with its adapters off (LoRA): no copy" in text
+    assert "SYNC per step" in text and "LoRA adapters only" in text

@@ -10,12 +10,21 @@ format (names, layouts and splits as `save_pretrained` writes them: rlcore/weigh
 in-place `reload_weights`, and release them before the next unit. The next unit's all-gather is started
 before the current one is handed over, so the collective overlaps the engine's load.
 Each engine rank cuts its own tensor-parallel slice. Peak extra memory: two units, never the model.
+
+With LoRA (rlcore/lora.py) and lora.sync=adapter the engine is built with LoRA on and the base never moves:
+each sync gathers only the adapters (one parameter at a time), writes them as a PEFT folder and loads it
+as a new adapter version (new name and id; the previous one is removed), and every generate and
+prompt-logprobs call carries that adapter's LoRARequest. With lora.sync=merged the sync above streams
+W + (alpha/r) B A (rlcore/weights.py) into an engine without LoRA.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rlcore import lora
 from rlcore.config import Config
 from rlcore.weights import checkpoint_weights
 
@@ -55,6 +65,18 @@ class RolloutEngine:
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
         self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
         self.sleep_mode = self.cuda and cfg.rollout.sleep_while_training
+        # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
+        # first sync: B = 0 then, so the base alone is exactly the policy).
+        self.lora = cfg.lora if cfg.lora.enabled and cfg.lora.sync == "adapter" else None
+        self.lora_request = None
+        self.model_path = cfg.model.path
+        lora_args = {}
+        if self.lora:
+            lora_args = {"enable_lora": True, "max_lora_rank": lora.engine_max_rank(cfg.lora.rank), "max_loras": 1}
+            # Each rank writes its own folder (identical bytes: every rank holds the same full adapters), so no
+            # rank waits for another's file and no shared file system is needed inside an engine's TP group.
+            self.adapter_root = Path(tempfile.mkdtemp(prefix=f"rlcore-lora-rank{dist.get_rank()}-"))
+            atexit.register(shutil.rmtree, self.adapter_root, ignore_errors=True)  # the last version's folder
         self.llm = LLM(
             model=cfg.model.path,
             tensor_parallel_size=cfg.rollout.tensor_parallel,
@@ -70,6 +92,7 @@ class RolloutEngine:
             kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
             int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
+            **lora_args,
         )
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
         # puts it back itself). Real load failures still surface through the logprob check.
@@ -110,16 +133,21 @@ class RolloutEngine:
 
     def _run(self, prompts: list[list[int]], params):
         """Token ids in, RequestOutputs out (one SamplingParams for all, or one per prompt)."""
-        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        # Without the LoRARequest vLLM silently serves the base: every request carries it.
+        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
 
     def sleep(self) -> None:
         """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""
         if self.sleep_mode:
-            self.llm.sleep(level=2)
+            # Level 2 discards the base weights; the adapter sync never reloads them, so keep them (level 1).
+            self.llm.sleep(level=1 if self.lora else 2)
 
     def sync_weights(self, model: torch.nn.Module, overlap: bool = True) -> SyncStats:
         """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring); with `overlap`
         the next unit's all-gather runs while the engine loads the current one (benchmarks/sync.py compares)."""
+        if self.lora:
+            return self.sync_adapter(model)
         t0 = time.perf_counter()
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
@@ -135,6 +163,31 @@ class RolloutEngine:
             self.llm.wake_up(tags=["kv_cache"])
         stats.seconds = time.perf_counter() - t0
         return stats
+
+
+    def sync_adapter(self, model: torch.nn.Module) -> SyncStats:
+        """lora.sync=adapter: gather the adapters only (a collective), write them as a PEFT folder, and load
+        it as the next adapter version on every rank of the engine (each rank must make the same calls)."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        if self.sleep_mode:
+            self.llm.wake_up()
+        tensors = lora.adapter_tensors(model, self.dtype)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        previous = self.lora_request
+        version = previous.lora_int_id + 1 if previous else 1
+        folder = self.adapter_root / f"v{version}"
+        lora.write_peft(folder, tensors, lora.peft_config(self.lora, self.model_path, self.lora.targets))
+        # A new name and id per version: vLLM caches an adapter by id and hashes cached prefixes by name and
+        # path, so nothing of the previous version can be reused by mistake.
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(f"policy-v{version}", version, str(folder))
+        self.llm.llm_engine.add_lora(self.lora_request)
+        self.llm.reset_prefix_cache()  # frees the KV blocks of the previous version's prefixes
+        return SyncStats(time.perf_counter() - t0, size, size)
 
 
 def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
