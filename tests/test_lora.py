@@ -153,16 +153,9 @@ def test_bad_lora_input_is_named(tiny_models):
     lora.check(_config(path, targets=["q_proj", "o_proj"], sync="merged"), moe, cuda=False)  # merged serves it
 
 
-def test_bad_lora_input_stops_the_entry_point_before_any_engine(tmp_path):
-    """Through launch/train.py (world size 1): exit 2, one error line naming the key, nothing written."""
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
-    proc = subprocess.run([sys.executable, str(ROOT / "launch" / "train.py"), "recipe=demo_lora",
-                           "lora.targets=[q_proj,qkv_proj]", f"output_dir={tmp_path}/runs"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+def test_bad_lora_input_stops_the_entry_point_before_any_engine(entry, tmp_path):
+    """Through launch/train.py's main() (world size 1): exit 2, one error line naming the key, nothing written."""
+    proc = entry.train("recipe=demo_lora", "lora.targets=[q_proj,qkv_proj]", f"output_dir={tmp_path}/runs")
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
     assert "lora.targets: qkv_proj names no linear layer" in lines[0]

@@ -4,10 +4,13 @@ merged full model) that scores fixed sequences as the trainer does; launch/conve
 import json
 import shutil
 
+import pytest
 import torch
 
 from conftest import ROOT, train_cmd
 from test_checkpoint import SMALL, python, read_metrics
+
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 # A KL term: its reference logprobs come from the policy with its adapters off (no reference model).
 RUN = ("recipe=demo_lora", "train.save_every=2", "lora.export_merged=true", "algorithm.kl_coef=0.05", *SMALL)

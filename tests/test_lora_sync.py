@@ -7,6 +7,8 @@ import pytest
 
 from conftest import WORKERS, torchrun, train_cmd
 
+pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
+
 
 def test_engine_serves_the_trained_adapters_in_both_sync_modes(tiny_models, tmp_path):
     out = tmp_path / "lora_sync.json"
@@ -28,15 +30,15 @@ def test_engine_serves_the_trained_adapters_in_both_sync_modes(tiny_models, tmp_
     assert all(row["bytes"] == r["model_bytes"] for row in r["merged"])
 
 
-@pytest.mark.slow
 def test_demo_lora_learns_with_the_drift_alarm_tight(tmp_path):
-    """recipes/demo_lora.py as a user runs it (~70 s): held-out accuracy from >= 10% up by >= 30 points, the
-    per-step engine-vs-trainer check tight after every adapter sync, and each sync moving the adapters only."""
-    proc = train_cmd("recipe=demo_lora", f"output_dir={tmp_path}")
+    """recipes/demo_lora.py as a user runs it, for 20 of its 60 steps: held-out accuracy from >= 10% up by >= 30
+    points (measured 17.2% -> 76.2% at step 20, 82.4% at 60, in both sync modes), the per-step engine-vs-trainer
+    check tight after every adapter sync, and each sync moving the adapters only."""
+    proc = train_cmd("recipe=demo_lora", f"output_dir={tmp_path}", "train.steps=20", "train.eval_every=20")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "demo_lora" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/logprob_diff_max" in r]
-    assert len(steps) == 60 and max(r["rollout/logprob_diff_max"] for r in steps) < 1e-4  # measured 1.7e-5
+    assert len(steps) == 20 and max(r["rollout/logprob_diff_max"] for r in steps) < 1e-4  # measured 1.7e-5
     assert all(r["sync/gb"] < 0.001 for r in steps)  # 16 x 2 x 7 linears x 2 layers of fp32 A, B: 0.26 MB
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
     assert start >= 0.10 and end - start >= 0.30, (start, end)
