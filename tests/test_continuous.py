@@ -2,10 +2,12 @@
 trajectories as the lockstep loop, the deadline and the per-trajectory budget, async environments. No vLLM
 here: tests/workers/continuous_worker.py drives the real engine at TP=2."""
 import asyncio
+import json
 import time
 
 import pytest
 
+from conftest import WORKERS, torchrun
 from rlcore.rollout import continuous
 from rlcore.rollout.turns import Trajectory, rollout, to_batch
 from test_turns import EOS, STOP, ScriptedEngine, ScriptedEnv, envs
@@ -142,3 +144,33 @@ def test_a_call_past_env_timeout_ends_only_its_trajectory(timeout):
     lock, cont, _ = both([slow, ok], {50: [[5, STOP]], 52: [[5, STOP], [6, EOS]]}, timeout=timeout)
     assert time.perf_counter() - t0 < 2.0
     assert [fields(x) for x in lock] == [fields(x) for x in cont] and cont[0].timed_out
+
+
+def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_models, tmp_path):
+    """One real engine over two ranks (tests/workers/continuous_worker.py): under tools of random latency both
+    ranks make exactly the same engine calls, transcripts agree and the engine's logprobs match the trainer's;
+    a stuck tool ends its trajectory at the step deadline (the same abort on both ranks); the calculator task
+    keeps lockstep's per-trajectory guarantees."""
+    out = tmp_path / "continuous.json"  # seeds s + j per sample, as collect.run_turns gives them
+    proc = torchrun(WORKERS / "continuous_worker.py", tiny_models["qwen2"], out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a, b = json.loads(out.read_text())
+    for name in ("latency", "deadline", "calculator"):
+        assert a[name]["calls"] == b[name]["calls"], name
+        assert a[name]["tokens"] == b[name]["tokens"] and a[name]["sampled"] == b[name]["sampled"]
+        for r in (a[name], b[name]):
+            assert r["diff"] < 1e-3 and r["ends_on_model"] and r["mask_is_sampled"] and r["within_budget"]
+    lat = a["latency"]
+    assert lat["turns"] == [2 + (i + j) % 3 for i in range(8) for j in range(2)]
+    adds = [c for c in lat["calls"] if c[0] == "add"]
+    assert len(adds) == sum(lat["turns"]) and len({c[1] for c in adds}) == len(adds)
+    assert lat["ticks"] > 3 and not any(lat["truncated"])
+    dl = a["deadline"]
+    assert 1.5 <= dl["seconds"] < 3.5 and dl["deadline_truncated"] == 1  # not the stuck tool's 5 s
+    assert dl["truncated"] == [True] + [False] * 15 and dl["turns"][0] == 2
+    assert dl["sampled"][0][-1] == 1 and len(dl["tokens"][0]) == 3 + 2 + 3  # two turns, one observation
+    calc, lock = a["calculator"], a["calculator"]["lockstep"]
+    assert all(set(o) <= set("0123456789?=") for o in calc["observations"])
+    assert lock["ends_on_model"] and lock["mask_is_sampled"]
+    # the same seeds per trajectory and turn: the first turns (one n=4 request in lockstep) sample alike
+    assert [t[:1] for t in calc["tokens"]] == [t[:1] for t in lock["tokens"]]

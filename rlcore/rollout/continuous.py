@@ -25,7 +25,9 @@ steps. The loop runs in ticks, the same on every rank:
      merges them, so every rank admits the same results and the same deadline decision;
   2. apply, in trajectory order: each admitted result ends its trajectory or appends the observation and
      adds the next turn (add_request: same id, tokens, cap and seed on every rank); aborts likewise;
-  3. decode: up to STEPS_PER_TICK engine steps, stopping early when no request is live. Finished outputs are
+  3. decode: up to K engine steps, stopping early when no request is live; K is agreed in step 1 (the
+     smallest rank's proposal: STEPS_WHILE_CALLING if it has a tool call running, else STEPS_PER_TICK;
+     always 1 without tensor parallelism, where agreeing is free). Finished outputs are
      identical on every rank (same requests, same steps), so every rank applies the same ending rule; the
      owner of a trajectory (the rank that trains it, as in lockstep) then starts its environment call;
   4. idle: when no request is live, wait on this rank's own calls, at most POLL_S, then tick again.
@@ -49,7 +51,8 @@ from rlcore.rollout.env import Outcome
 from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome, start,
                                   turn_seed)
 
-STEPS_PER_TICK = 8  # engine steps between two agreements of a TP group (a constant: the same on every rank)
+STEPS_PER_TICK = 8  # engine steps between two agreements of a TP group while no tool call is running
+STEPS_WHILE_CALLING = 2  # ... while one is: its answer joins the engine sooner, for more agreements
 POLL_S = 0.005  # longest wait on this rank's environment calls while the engine has nothing to do
 _rollouts = itertools.count()  # request ids stay unique across rollouts (the same count on every rank)
 
@@ -141,13 +144,18 @@ class EnvRunner:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-def agree(results: dict[int, dict], deadline: bool, tp_group) -> tuple[dict[int, dict], bool]:
-    """Step 1 of a tick: every rank's finished results, and TP rank 0's deadline flag, on every rank."""
+def agree(results: dict[int, dict], deadline: bool, steps: int, tp_group) -> tuple[dict[int, dict], bool, int]:
+    """Step 1 of a tick: every rank's finished results, TP rank 0's deadline flag and the fewest engine steps any
+    rank asks for before the next agreement, on every rank.
+
+        rank 0: ({3: obs}, False, 2)   rank 1: ({12: obs}, True, 8)   ->   ({3: obs, 12: obs}, False, 2)
+    """
     if tp_group is None or dist.get_world_size(tp_group) == 1:
-        return results, deadline
+        return results, deadline, 1
     gathered = [None] * dist.get_world_size(tp_group)
-    dist.all_gather_object(gathered, (results, deadline), group=tp_group)
-    return {i: r for part, _ in gathered for i, r in part.items()}, gathered[0][1]
+    dist.all_gather_object(gathered, (results, deadline, steps), group=tp_group)
+    return ({i: r for part, _, _ in gathered for i, r in part.items()}, gathered[0][1],
+            min(k for _, _, k in gathered))
 
 
 def cut(x: Trajectory) -> None:
@@ -198,7 +206,8 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
             if trajectory_timeout_s and elapsed > trajectory_timeout_s:
                 results |= {i: {"budget": True} for i in mine if not trajs[i].done and i not in results}
             deadline = bool(step_deadline_s) and tp_rank == 0 and elapsed > step_deadline_s
-            results, deadline = agree(results, deadline, tp_group)
+            steps = STEPS_WHILE_CALLING if runner.calls else STEPS_PER_TICK
+            results, deadline, steps = agree(results, deadline, steps, tp_group)
             stats.sync_s += time.perf_counter() - tick
             # 2. apply, in trajectory order
             aborts: list[str] = []
@@ -229,7 +238,7 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
             # 3. decode, or 4. idle
             if engine.busy():
                 t = time.perf_counter()
-                for _ in range(STEPS_PER_TICK):
+                for _ in range(steps):
                     for rid, s in engine.step():
                         i = live.pop(rid)
                         finish_turn(i, trajs[i], s, caps.pop(i), envs, max_new_tokens, stats, runner, tp_rank)
