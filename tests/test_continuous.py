@@ -174,3 +174,19 @@ def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_m
     assert lock["ends_on_model"] and lock["mask_is_sampled"]
     # the same seeds per trajectory and turn: the first turns (one n=4 request in lockstep) sample alike
     assert [t[:1] for t in calc["tokens"]] == [t[:1] for t in lock["tokens"]]
+
+
+@pytest.mark.parametrize("override, says", [
+    ({"schedule": "async"}, "rollout.schedule must be one of lockstep, continuous (got 'async')"),
+    ({"step_deadline_s": -1.0}, "rollout.step_deadline_s must be >= 0 (got -1.0)"),
+    ({"schedule": "continuous", "env_workers": 0}, "rollout.env_workers must be >= 1 (got 0)"),
+    ({"trajectory_timeout_s": 30.0}, "need rollout.schedule=continuous"),
+])
+def test_bad_schedule_settings(override, says):
+    from rlcore.algorithms.grpo import GRPO
+    from rlcore.config import Config, RewardSpec, RolloutConfig, validate
+    from rlcore.parallel import ParallelDims
+
+    cfg = Config(algorithm=GRPO(), rewards=[RewardSpec(fn="x:y")], rollout=RolloutConfig(**override))
+    with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):
+        validate(cfg, ParallelDims(1, 1))

@@ -121,3 +121,17 @@ def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
     assert r["env/truncated_frac"] == 1.0 and r["env/turns_mean"] == 1.0 and "env/active_turn2" not in r
     assert r["reward/mean"] == -0.5 and r["reward/std"] == 0.0
     assert r["reward/arithmetic_exact"] > 0  # the scored reward, before the truncation rule replaced it
+
+
+def test_continuous_schedule_with_a_step_deadline(tmp_path):
+    """rollout.schedule=continuous through the real entry point: a third of the tools sleep 3 s in each of their
+    two calls, the 5 s step deadline ends those trajectories truncated (counted), the rest finish; the exact
+    sync check holds over every model token."""
+    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
+                     f"rollout.env={ENVS}:Slow", "rollout.max_total_tokens=16", "rollout.schedule=continuous",
+                     "rollout.step_deadline_s=5", *SMALL, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (r,) = read_metrics(tmp_path / "demo")
+    assert 0 < r["rollout/deadline_truncated"] < 32 and r["env/truncated_frac"] > 0 and r["env/timeouts"] == 0
+    assert r["env/calls_per_s"] > 0 and 0 < r["rollout/engine_idle_frac"] < 1
+    assert r["rollout/logprob_diff_max"] < 1e-4 and r["env/active_turn1"] == 32

@@ -108,7 +108,8 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
 def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[torch.Tensor, dict]:
     """Rewards of this rank's trajectories [B] and their parts; closes their environments."""
     envs = run.envs
-    completions = [envs.decode(x.turns[-1]) for x in mine]
+    # a trajectory the step deadline ended before its first model turn has none: it completed nothing
+    completions = [envs.decode(x.turns[-1] if x.turns else []) for x in mine]
     extra = None
     if envs.factory is not None:
         extra = {"transcripts": [envs.decode(x.tokens) for x in mine],

@@ -254,9 +254,6 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
     stats.rollout_s = time.perf_counter() - t0
     stats.env_s = stats.idle_s
     stats.active = [sum(len(x.turns) > t for x in trajs) for t in range(max(len(x.turns) for x in trajs))]
-    for x in trajs:
-        if not x.turns:  # ended before its first model turn: an empty one, so scoring sees a last turn
-            x.turns.append([])
     return stats
 
 
