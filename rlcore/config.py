@@ -62,8 +62,7 @@ class RolloutConfig:
     # as soon as its own environment answered (faster with slow tools; batches depend on tool timing).
     schedule: str = "lockstep"  # lockstep | continuous
     trajectory_timeout_s: float = 0.0  # continuous: a trajectory running longer ends truncated, seconds; 0 = none
-    step_deadline_s: float = 0.0  # continuous: unfinished trajectories end truncated this long into a rollout
-    #                               (one draw), seconds; 0 = none
+    step_deadline_s: float = 0.0  # continuous: a rollout (one draw) ends its unfinished trajectories, seconds; 0 = none
 
 
 @dataclass

@@ -132,8 +132,9 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
 
 
 def close_envs(run: Run, mine: list[Trajectory]) -> None:
-    """close() every environment this rank owns (not those abandoned after a timeout)."""
-    live = [x for x in mine if x.env is not None and not x.timed_out and not x.abandoned and callable(getattr(x.env, "close", None))]
+    """close() every environment this rank owns (not those abandoned in a call: timed out, or cut by a budget)."""
+    live = [x for x in mine if x.env is not None and not x.timed_out and not x.abandoned
+            and callable(getattr(x.env, "close", None))]
     outs = call_all([x.env.close for x in live], run.envs.timeout_s, run.envs.workers)
     failed = next((o.error for o in outs if o.error), None)
     agree(None if failed is None else f"environment '{run.envs.spec}' failed in close(): {failed}")

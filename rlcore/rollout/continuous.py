@@ -251,6 +251,7 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
                 stats.idle_s += time.perf_counter() - tick
     finally:
         runner.close()
+        engine.abort(sorted(live))  # only after an error: a finished rollout leaves no request behind
     stats.rollout_s = time.perf_counter() - t0
     stats.env_s = stats.idle_s
     stats.active = [sum(len(x.turns) > t for x in trajs) for t in range(max(len(x.turns) for x in trajs))]
