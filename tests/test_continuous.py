@@ -37,7 +37,8 @@ class StepEngine:
         return bool(self.live)
 
     def abort(self, rids):
-        self.calls.append(("abort", list(rids)))
+        if rids:
+            self.calls.append(("abort", list(rids)))
         for rid in rids:
             del self.live[rid]
 
