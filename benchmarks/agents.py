@@ -75,13 +75,14 @@ def worker(args) -> None:
         t0 = time.perf_counter()
         if schedule == "lockstep":
             stats = rollout(engine, trajs, envs, args.tokens, total, G, 1.0, tp_rank, tp_group)
-            idle = stats.env_s
+            idle, ticks, agree_s = stats.env_s, args.turns, 0.0
         else:
             stats = continuous.rollout(engine, trajs, envs, args.tokens, total, 1.0, tp_rank, tp_group)
-            idle = stats.idle_s
+            idle, ticks, agree_s = stats.idle_s, stats.ticks, stats.sync_s
         seconds = time.perf_counter() - t0
         calls = sum(len(x.turns) for x in trajs)  # every turn's tool call (the group's, stepped by owners)
-        return {"s": seconds, "idle": idle / seconds, "calls_s": calls / seconds, "tokens": [x.tokens for x in trajs]}
+        return {"s": seconds, "idle": idle / seconds, "calls_s": calls / seconds, "tokens": [x.tokens for x in trajs],
+                "ticks": ticks, "agree_s": agree_s, "generate_s": stats.generate_s}
 
     workloads = {"10x": (args.latency_min, args.latency_max), "none": (0.0, 0.0)}
     results = {w: {"lockstep": [], "continuous": []} for w in workloads}
@@ -123,8 +124,9 @@ def main() -> None:
     if proc.returncode:
         sys.exit(f"agents benchmark failed:\n{proc.stderr[-3000:]}")
     results = json.loads(out.read_text())
-    lines = ["| tool latency | schedule | median rollout s | engine idle frac | tool calls/s | speed-up |"
-             " trajectories token-identical to lockstep |", "|---|---|---|---|---|---|---|"]
+    lines = ["| tool latency | schedule | median rollout s | engine s | engine idle frac | tool calls/s | speed-up "
+             "| loop ticks | s agreeing (TP) | trajectories token-identical to lockstep |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for w, by in results.items():
         base = common.median(r["s"] for r in by["lockstep"])
         for schedule, runs in by.items():
@@ -132,9 +134,11 @@ def main() -> None:
             same = [sum(a == b for a, b in zip(r["tokens"], lock["tokens"])) for r, lock in zip(runs, by["lockstep"])]
             label = (f"{args.latency_min * 1e3:.0f}-{args.latency_max * 1e3:.0f} ms, log-uniform" if w == "10x"
                      else "none")
-            lines.append(f"| {label} | {schedule} | {med:.3f} | {common.median(r['idle'] for r in runs):.2f} | "
+            lines.append(f"| {label} | {schedule} | {med:.3f} | {common.median(r['generate_s'] for r in runs):.3f} | "
+                         f"{common.median(r['idle'] for r in runs):.2f} | "
                          f"{common.median(r['calls_s'] for r in runs):.0f} | x{base / med:.2f} | "
-                         f"{min(same)}/{len(runs[0]['tokens'])} |")
+                         f"{common.median(r['ticks'] for r in runs):.0f} | "
+                         f"{common.median(r['agree_s'] for r in runs):.3f} | {min(same)}/{len(runs[0]['tokens'])} |")
     command = "python benchmarks/agents.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     common.write_section(f"agent rollouts: continuous vs lockstep, {args.size}, {args.prompts}x{args.group} "
                          f"trajectories x {args.turns} turns x {args.tokens} tokens, {args.nproc} ranks, TP={args.tp}, "
