@@ -19,8 +19,8 @@ from rlcore import rewards
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
-from rlcore.rollout.env import call_all, check_env
 from rlcore.rollout import continuous
+from rlcore.rollout.env import call_all, check_env
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
 
 if TYPE_CHECKING:
