@@ -54,6 +54,8 @@ def worker(args) -> None:
     from rlcore.rollout.turns import Trajectory, rollout
 
     init_distributed()
+    if args.steps_while_calling:
+        continuous.STEPS_WHILE_CALLING = args.steps_while_calling
     path = common.random_model(args.size, max_positions=256)
     total = args.turns * (args.tokens + 2)
     cfg = Config(model=ModelConfig(path=str(path)), rollout=RolloutConfig(
@@ -109,6 +111,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--steps-while-calling", type=int, default=0,
+                        help="engine steps per TP agreement while a tool call runs (default: the module's)")
     parser.add_argument("--out", default="")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

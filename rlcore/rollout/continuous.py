@@ -17,6 +17,7 @@ in a background thread, each at most rollout.env_workers at once. The main loop 
 without a deadline, so a stuck tool cannot stall the step: it ends its trajectory after
 rollout.env_timeout_s (timed out, reward 0), rollout.trajectory_timeout_s or rollout.step_deadline_s
 (truncated: its in-flight request is aborted, a pending observation dropped; it ends on its last model turn).
+Both budgets are checked once per tick, so they act at most one tick's engine steps late.
 
 Tensor parallelism. Every rank of an engine's group must make identical engine calls between the same engine
 steps. The loop runs in ticks, the same on every rank:
