@@ -3,7 +3,9 @@ soon as its own environment has answered, while other trajectories still generat
 
 The tokens, masks, seeds and ending rules are those of the lockstep loop (rlcore/rollout/turns.py, whose
 docstring is the contract): turn k of a trajectory seeded s samples with turn_seed(s, k), every trajectory
-ends on a model token, and observations are never trained on. What changes is only when a turn is sampled:
+ends on a model token, and observations are never trained on. Every turn is its own n=1 request, so the
+siblings of a prompt group advance independently (lockstep's first turn is one n=G request, whose sample j
+vLLM seeds s + j: the trajectory's own seed, so both sample alike). What changes is when a turn is sampled:
 
     lockstep    turn 1: [a b c d] -> wait for every tool -> turn 2: [a b c d] -> ...
     continuous  a1 a2 . . a3        a, b, c, d each go on as soon as their own tool answers; the engine
