@@ -59,7 +59,7 @@ def both(rows, scripts, max_new_tokens=4, max_total=24, **kw):
 
 
 def fields(x):
-    return (x.tokens, x.sampled, x.logprobs, x.turns, x.done, x.truncated, x.timed_out, x.env_reward)
+    return (x.tokens, x.sampled, x.logprobs, x.turns, x.done, x.truncated, x.timed_out, x.env_reward, x.error)
 
 
 def test_same_trajectories_as_lockstep_for_every_ending_rule():
@@ -137,14 +137,17 @@ def test_async_environments_run_concurrently_on_one_event_loop():
 
 
 @pytest.mark.parametrize("timeout", [0.3])
-def test_a_call_past_env_timeout_ends_only_its_trajectory(timeout):
+def test_a_slow_or_raising_environment_as_in_lockstep(timeout):
     slow = {"name": "slow", "first": 50, "obs": [[99], [99]], "rewards": [1, 1], "done": [False, True],
             "sleep": [3.0, 0]}
+    bad = {"name": "bad", "first": 51, "obs": [[99], [99]], "rewards": [0, 0], "done": [False, True], "raise_at": 1}
     ok = {"name": "ok", "first": 52, "obs": [[99], [99]], "rewards": [0, 1], "done": [False, True]}
     t0 = time.perf_counter()
-    lock, cont, _ = both([slow, ok], {50: [[5, STOP]], 52: [[5, STOP], [6, EOS]]}, timeout=timeout)
+    lock, cont, _ = both([slow, bad, ok], {50: [[5, STOP]], 51: [[5, STOP], [6, STOP]], 52: [[5, STOP], [6, EOS]]},
+                         timeout=timeout)
     assert time.perf_counter() - t0 < 2.0
     assert [fields(x) for x in lock] == [fields(x) for x in cont] and cont[0].timed_out
+    assert cont[1].error.startswith("turn 2: KeyError: 'no such tool' (at test_turns.py:")  # the run stops on it
 
 
 def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_models, tmp_path):

@@ -108,8 +108,13 @@ class EnvRunner:
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
             self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self.loop.run_forever, name="rlcore-env-async", daemon=True).start()
+            threading.Thread(target=self._serve, args=(self.loop,), name="rlcore-env-async", daemon=True).start()
         return self.loop
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_forever()
+        loop.close()  # after close(): calls still pending were abandoned (timed out or cut by a budget)
 
     def finished(self, timeout_s: float) -> dict[int, Outcome]:
         """Calls that returned, raised, or ran past `timeout_s` (abandoned: a thread cannot be stopped)."""
