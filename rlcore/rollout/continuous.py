@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures as cf
 import inspect
 import itertools
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -72,15 +73,18 @@ class ContinuousStats(TurnStats):
 
 
 class EnvRunner:
-    """This rank's environment calls off the main thread: plain functions in a thread pool, coroutine functions
-    on one asyncio loop in a background thread, at most `workers` of each running at once.
+    """This rank's environment calls off the main thread: plain functions on `workers` daemon threads, coroutine
+    functions on one asyncio loop in a background thread, at most `workers` of each running at once.
 
         runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
-    """
+
+    Daemon threads, not a ThreadPoolExecutor: the executor's threads are joined when the process exits, so a
+    call stuck for good would hold up the end of the run after the rollout had long abandoned it."""
 
     def __init__(self, workers: int):
         self.workers = workers
-        self.pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlcore-env")
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         self.limit: asyncio.Semaphore | None = None  # made on the loop's own thread
         self.calls: dict[int, tuple[cf.Future, dict]] = {}  # trajectory -> (future, {"t": start time})
@@ -90,13 +94,23 @@ class EnvRunner:
         if inspect.iscoroutinefunction(fn):
             future = asyncio.run_coroutine_threadsafe(self._limited(fn, args, clock), self._event_loop())
         else:
-            future = self.pool.submit(self._timed, fn, args, clock)
+            future = cf.Future()
+            self.jobs.put((future, fn, args, clock))
+            if self.threads < self.workers:
+                self.threads += 1
+                threading.Thread(target=self._work, name="rlcore-env", daemon=True).start()
         self.calls[i] = (future, clock)
 
-    @staticmethod
-    def _timed(fn, args, clock):
-        clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
-        return fn(*args)
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, fn, args, clock = job
+            if not future.set_running_or_notify_cancel():  # dropped before it started
+                continue
+            clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
+            try:
+                future.set_result(fn(*args))
+            except Exception as e:  # the environment's own error: handed to finished() with the future
+                future.set_exception(e)
 
     async def _limited(self, fn, args, clock):
         if self.limit is None:
@@ -147,7 +161,8 @@ class EnvRunner:
         return call is not None
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for _ in range(self.threads):  # each idle thread takes one and ends; a stuck one ends with the process
+            self.jobs.put(None)
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.loop.stop)
 
