@@ -6,7 +6,7 @@ Three scenarios on one engine start, each recording every engine call a rank mak
 cap and seed; aborts; each step with the requests it finished):
   latency     8 prompts x 2 samples, up to 4 turns, each tool call sleeping a seeded 2-20 ms (log-uniform);
               also the largest |engine - trainer| logprob over every model token
-  deadline    the same with one tool stuck 5 s in its second call and rollout.step_deadline_s = 1.5
+  deadline    the same with one tool stuck 30 s in its second call and rollout.step_deadline_s = 1.5
   calculator  rlcore.tasks.calculator's tool on the random tiny model, lockstep and continuous, same seeds
 Rank 0 writes what every rank saw.
 """
@@ -71,7 +71,7 @@ class Latency:
 
 class Stuck(Latency):
     def pause(self, i, j):
-        return 5.0 if (i, j, self.turn) == (0, 0, 1) else None
+        return 30.0 if (i, j, self.turn) == (0, 0, 1) else None
 
 
 model_dir, out = sys.argv[1], sys.argv[2]
