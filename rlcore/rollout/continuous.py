@@ -183,8 +183,10 @@ def agree(results: dict[int, dict], deadline: bool, steps: int, tp_group) -> tup
 
 def cut(x: Trajectory) -> None:
     """End a trajectory early, truncated, on its last complete model turn (a pending observation is dropped)."""
-    while x.sampled and not x.sampled[-1]:
-        x.tokens.pop(), x.sampled.pop(), x.logprobs.pop()
+    keep = len(x.sampled)
+    while keep and not x.sampled[keep - 1]:
+        keep -= 1
+    del x.tokens[keep:], x.sampled[keep:], x.logprobs[keep:]
     x.done = x.truncated = True
 
 
