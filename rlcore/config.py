@@ -57,6 +57,12 @@ class RolloutConfig:
     env_workers: int = 8  # threads per rank stepping environments concurrently
     env_weight: float = 1.0  # weight of the summed environment step rewards (reward part "env")
     truncated_reward: float | None = None  # fixed reward of trajectories ended by a limit; None = scored as usual
+    # How turns meet the engine (rlcore.rollout.continuous): "lockstep" = one engine call per turn over every
+    # active trajectory (bit-reproducible); "continuous" = each trajectory's next turn joins the running engine
+    # as soon as its own environment answered (faster with slow tools; batches depend on tool timing).
+    schedule: str = "lockstep"  # lockstep | continuous
+    trajectory_timeout_s: float = 0.0  # continuous: a trajectory running longer ends truncated, seconds; 0 = none
+    step_deadline_s: float = 0.0  # continuous: a rollout (one draw) ends its unfinished trajectories, seconds; 0 = none
 
 
 @dataclass
@@ -177,6 +183,9 @@ def validate(cfg: Config, dims) -> None:
                          "correctness) or an environment; set data.eval_path= to turn eval off")
     check_values(cfg)
     r, t = cfg.rollout, cfg.train
+    if r.schedule == "lockstep" and (r.trajectory_timeout_s or r.step_deadline_s):
+        raise ValueError("rollout.trajectory_timeout_s and rollout.step_deadline_s need rollout.schedule=continuous "
+                         "(the lockstep loop has no way to cut a trajectory short)")
     if r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
                          f"size {dims.world_size} (every rank trains on whole prompt groups)")
@@ -222,6 +231,8 @@ VALID = {
     "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
+    "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
+    "rollout.step_deadline_s": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),

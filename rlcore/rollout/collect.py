@@ -19,6 +19,7 @@ from rlcore import rewards
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
+from rlcore.rollout import continuous
 from rlcore.rollout.env import call_all, check_env
 from rlcore.rollout.tools import declared_tools
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
@@ -93,13 +94,19 @@ def model_budget(cfg, envs: Envs) -> int:
 
 
 def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, temperature: float,
-              max_new_tokens: int, owners: list[int]):
-    """Trajectories for `rows` (group_size each) run to their end; env errors stop every rank."""
+              max_new_tokens: int, owners: list[int], budgets: bool = True):
+    """Trajectories for `rows` (group_size each) run to their end; env errors stop every rank. `budgets`: the
+    continuous schedule's trajectory and step time limits apply (not to the eval, whose accuracy they would bias)."""
     trajs = [Trajectory(row["prompt_ids"], row, seed + j, owner)
              for row, seed, owner in zip(rows, seeds, owners) for j in range(group_size)]
-    max_total = run.cfg.rollout.max_total_tokens or max_new_tokens
-    stats = rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, group_size, temperature,
-                    run.tp_rank, run.tp_group)
+    r = run.cfg.rollout
+    max_total = r.max_total_tokens or max_new_tokens
+    if r.schedule == "continuous" and run.envs.factory is not None:  # single-turn: no tool time to overlap
+        stats = continuous.rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, temperature, run.tp_rank,
+                                   run.tp_group, *((r.trajectory_timeout_s, r.step_deadline_s) if budgets else ()))
+    else:
+        stats = rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, group_size, temperature,
+                        run.tp_rank, run.tp_group)
     if run.envs.factory is not None:  # only an environment can fail here: no collective without one
         failed = next((x for x in trajs if x.error), None)
         agree(None if failed is None else
@@ -111,7 +118,8 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
 def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[torch.Tensor, dict]:
     """Rewards of this rank's trajectories [B] and their parts; closes their environments."""
     envs = run.envs
-    completions = [envs.decode(x.turns[-1]) for x in mine]
+    # a trajectory the step deadline ended before its first model turn has none: it completed nothing
+    completions = [envs.decode(x.turns[-1] if x.turns else []) for x in mine]
     extra = None
     if envs.factory is not None:
         extra = {"transcripts": [envs.decode(x.tokens) for x in mine],
@@ -134,8 +142,9 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
 
 
 def close_envs(run: Run, mine: list[Trajectory]) -> None:
-    """close() every environment this rank owns (not those abandoned after a timeout)."""
-    live = [x for x in mine if x.env is not None and not x.timed_out and callable(getattr(x.env, "close", None))]
+    """close() every environment this rank owns (not those abandoned in a call: timed out, or cut by a budget)."""
+    live = [x for x in mine if x.env is not None and not x.timed_out and not x.abandoned
+            and callable(getattr(x.env, "close", None))]
     outs = call_all([x.env.close for x in live], run.envs.timeout_s, run.envs.workers)
     failed = next((o.error for o in outs if o.error), None)
     agree(None if failed is None else f"environment '{run.envs.spec}' failed in close(): {failed}")
@@ -161,6 +170,10 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
               "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
+    if isinstance(stats, continuous.ContinuousStats):
+        counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
+                   "deadline_truncated": stats.deadline_truncated if run.tp_rank == 0 else 0,
+                   "budget_truncated": stats.budget_truncated if run.tp_rank == 0 else 0}
     return batch, parts, counts
 
 
@@ -231,6 +244,13 @@ def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
     out = {"env/turns_mean": sums[0] / n, "env/truncated_frac": sums[1] / n, "env/timeouts": sums[2],
            "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"]}
     out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:])}
+    if run.cfg.rollout.schedule == "continuous":  # every rank runs it (a collective)
+        idle, rollout_s, calls_per_s, deadline, budget = all_sum(
+            totals.get("idle_s", 0.0), totals.get("rollout_s", 0.0),
+            totals.get("env_calls", 0) / max(totals.get("rollout_s", 0.0), 1e-9),
+            totals.get("deadline_truncated", 0), totals.get("budget_truncated", 0))
+        out |= {"rollout/engine_idle_frac": idle / max(rollout_s, 1e-9), "env/calls_per_s": calls_per_s,
+                "rollout/deadline_truncated": deadline, "rollout/budget_truncated": budget}
     return out
 
 
@@ -240,7 +260,7 @@ def evaluate(run: Run) -> dict[str, float]:
     rows = run.eval_rows[run.group::run.dims.rollout_groups]
     max_tokens = run.cfg.rollout.eval_max_new_tokens or run.cfg.rollout.max_new_tokens
     mine, _ = run_turns(run, rows, [0] * len(rows), 1, 0.0, max_tokens,
-                        [i % run.dims.tp for i in range(len(rows))])
+                        [i % run.dims.tp for i in range(len(rows))], budgets=False)
     correct = 0.0
     if mine:
         total, _ = score(run, mine, first_only=True)

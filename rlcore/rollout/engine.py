@@ -137,6 +137,44 @@ class RolloutEngine:
         return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
                                  lora_request=self.lora_request)
 
+    # ---- request by request (rlcore.rollout.continuous): every rank of a TP group makes the same calls ----
+
+    def submit(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
+               stop_token_ids: list[int] | None = None) -> None:
+        """Add one request (n=1) to the running engine; its Sample comes out of a later `step()` as (rid, Sample).
+        `rid` must be unique among requests in flight, e.g. "3.1" for trajectory 3, turn 1."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+        if temperature == 0:
+            params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
+        else:
+            params = SamplingParams(n=1, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                    logprobs=0, seed=seed, **extra)
+        # One output per request, when it finishes (what LLM.generate sets for its own requests).
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        eng = self.llm.llm_engine
+        eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
+
+    def step(self) -> list[tuple[str, Sample]]:
+        """One engine step; the requests it finished, in the engine's order (the same on every rank)."""
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else []
+                finished.append((out.request_id, Sample(list(c.token_ids), lps, c.finish_reason or "")))
+        return finished
+
+    def busy(self) -> bool:
+        """Whether any submitted request is still live (CUDA's async scheduling: a step may finish nothing)."""
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort(self, rids: list[str]) -> None:
+        if rids:
+            self.llm.llm_engine.abort_request(list(rids))
+
     def sleep(self) -> None:
         """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""
         if self.sleep_mode:

@@ -57,6 +57,7 @@ class Trajectory:
     truncated: bool = False  # ended by a limit (turns, tokens, an incomplete action), not by the environment
     timed_out: bool = False
     error: str | None = None  # what the environment raised (the run stops on it)
+    abandoned: bool = False  # its environment was still in a call when the trajectory ended (not closed)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.tokens += ids
