@@ -150,6 +150,7 @@ def test_a_slow_or_raising_environment_as_in_lockstep(timeout):
     assert cont[1].error.startswith("turn 2: KeyError: 'no such tool' (at test_turns.py:")  # the run stops on it
 
 
+@pytest.mark.slow
 def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_models, tmp_path):
     """One real engine over two ranks (tests/workers/continuous_worker.py): under tools of random latency both
     ranks make exactly the same engine calls, transcripts agree and the engine's logprobs match the trainer's;

@@ -133,6 +133,7 @@ def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
     assert r["reward/arithmetic_exact"] > 0  # the scored reward, before the truncation rule replaced it
 
 
+@pytest.mark.slow
 def test_continuous_schedule_with_a_step_deadline(tmp_path):
     """rollout.schedule=continuous through the real entry point: a third of the tools never answer in time, the
     10 s step deadline ends those trajectories truncated (counted) and the step goes on; the exact sync check
