@@ -47,9 +47,10 @@ def optimizer_bytes(model_dir: Path, lora: bool) -> int:
 
 
 def summarize(steps: list[dict]) -> dict:
-    m = lambda key: median(r[key] for r in steps)  # noqa: E731
+    m = lambda key: median(key(r) if callable(key) else r[key] for r in steps)  # noqa: E731
     return {"step_s": m("time/step_s"), "generate_s": m("time/generate_s"), "train_s": m("time/train_s"),
-            "logprobs_s": m("time/logprobs_s"), "sync_s": m("time/sync_s"), "sync_mb": m("sync/gb") * 1e3,
+            "other_s": m(lambda r: r["time/step_s"] - r["time/generate_s"] - r["time/train_s"] - r["time/sync_s"]),
+            "sync_s": m("time/sync_s"), "sync_mb": m("sync/gb") * 1e3,
             "train_peak_gb": m("memory/train_peak_gb"), "generate_peak_gb": m("memory/generate_peak_gb"), "tokens": m("tokens/batch")}
 
 
@@ -61,10 +62,11 @@ def report(rows: list[dict], args) -> list[str]:
         f"models of benchmarks/common.py with EOS unsampleable (every response {args.tokens} tokens: the same "
         f"work for all three), 2 CPU ranks (gloo, one fp32 vLLM CPU engine per rank, TP=1). Contenders "
         f"alternate within a round; medians over steps 2..N of all rounds (step 1 is warm-up). Stage seconds "
-        f"are rank 0's wall time; train peak: the larger rank's resident peak of logprobs + update + sync "
+        f"are rank 0's wall time; other: the rest of the step (reward, which includes waiting for the other rank "
+        f"to finish generating, and the engine's sleep and wake); train peak: the larger rank's resident peak of logprobs + update + sync "
         f"(runtime and KV cache included); optimizer: AdamW m + v, 8 B per trained parameter (computed).", "",
-        "| model | contender | runs x steps | s/step | generate s | train s | sync s | sync MB | optimizer MB | "
-        "train peak GB | generate peak GB |", "|" + "---|" * 11]
+        "| model | contender | runs x steps | s/step | generate s | train s | sync s | other s | sync MB | optimizer MB | "
+        "train peak GB | generate peak GB |", "|" + "---|" * 12]
     ratios = []
     for size in [s for s in SIZES if any(r["size"] == s for r in rows)]:
         med = {}
@@ -73,15 +75,15 @@ def report(rows: list[dict], args) -> list[str]:
             steps = [st for r in runs for st in r.get("steps", [])]
             errors = "; ".join(r["error"] for r in runs if "error" in r)
             if not steps:
-                lines.append(f"| {size} | {name} | failed: {errors or 'not run'} |" + " |" * 8)
+                lines.append(f"| {size} | {name} | failed: {errors or 'not run'} |" + " |" * 9)
                 continue
             s = med[name] = summarize(steps) | {"optim_mb": runs[0]["optim_bytes"] / 1e6}
             lines.append(f"| {size} ({runs[0]['params'] / 1e6:.1f}M) | {name} | {len(runs)} x {len(steps) // len(runs)} | "
-                         f"{s['step_s']:.2f} | {s['generate_s']:.2f} | {s['train_s']:.2f} | {s['sync_s']:.3f} | "
+                         f"{s['step_s']:.2f} | {s['generate_s']:.2f} | {s['train_s']:.2f} | {s['sync_s']:.3f} | {s['other_s']:.2f} | "
                          f"{s['sync_mb']:.2f} | {s['optim_mb']:.1f} | {s['train_peak_gb']:.2f} | "
                          f"{s['generate_peak_gb']:.2f} |" + (f" ({errors})" if errors else ""))
         if "full" in med:
-            ratios += [f"- {size}: " + "; ".join(_ratios(med))]
+            ratios += [f"- {size}: " + "; ".join(_ratios(med)) + "; " + _per_round(rows, size)]
     return lines + ["", "Against full fine-tuning (x = LoRA / full, medians):", "", *ratios]
 
 
@@ -98,6 +100,21 @@ def _ratios(med: dict) -> list[str]:
     if "adapter" in med and "merged" in med:
         out.append(f"generate adapter / merged x{med['adapter']['generate_s'] / med['merged']['generate_s']:.2f}")
     return out
+
+
+def _per_round(rows: list[dict], size: str) -> str:
+    """Step time / full's within each round (the runs next to each other in time): how steady the ratio is
+    under a changing machine load."""
+    out = []
+    for name in ("adapter", "merged"):
+        paired = []
+        for k in sorted({r["round"] for r in rows if r["size"] == size}):
+            step = {r["contender"]: median(st["time/step_s"] for st in r["steps"]) for r in rows
+                    if r["size"] == size and r["round"] == k and r.get("steps")}
+            if name in step and "full" in step:
+                paired.append(f"{step[name] / step['full']:.2f}")
+        out.append(f"{name} step / full by round: {', '.join(paired)}")
+    return "; ".join(out)
 
 
 def main() -> None:
@@ -136,7 +153,7 @@ def main() -> None:
                     s = summarize(row["steps"]) if row["steps"] else {"step_s": float("nan")}
                     print(f"{size} {name} round {k}: {row.get('error', 'ok')}, median step {s['step_s']:.2f} s, "
                           f"run {time.time() - t0:.0f} s", flush=True)
-    lines = [*report(rows, args), *(["", *args.note] if args.note else [])]
+    lines = [*report(rows, args), *(line for note in args.note for line in ("", note))]
     if args.report:
         command = args.command or "python benchmarks/lora.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
         write_section("LoRA vs full fine-tuning: adapter and merged sync, 2 ranks", command, lines)
