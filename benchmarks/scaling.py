@@ -61,11 +61,12 @@ def no_eos_model(size: str) -> Path:
     return tiny.prepare_cached(f"{source.name}-noeos-o{OFFSET:g}-w{EOS_WEIGHT:g}", build)
 
 
-def run_cell(size: str, tokens: int, args, extra: list[str], out: Path) -> dict:
-    """One torchrun run; -> {"steps": [metrics of steps 2..N]} or {"error": why}."""
+def run_cell(size: str, tokens: int, args, extra: list[str], out: Path, recipe: str = "demo") -> dict:
+    """One torchrun run of `recipe` (demo, or a copy of it such as demo_lora); -> {"steps": [metrics of
+    steps 2..N]} or {"error": why}."""
     model = no_eos_model(size)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           str(ROOT / "launch" / "train.py"), "recipe=demo", f"model.path={model}",
+           str(ROOT / "launch" / "train.py"), f"recipe={recipe}", f"model.path={model}",
            f"rollout.max_new_tokens={tokens}", f"rollout.prompts_per_step={args.prompts}",
            f"rollout.group_size={args.samples}", f"train.micro_batch_size={micro_batch(args)}",
            f"train.steps={args.steps}", "data.eval_path=", *extra,

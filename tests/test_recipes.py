@@ -64,6 +64,61 @@ def test_grpo_moe_recipe_fits_one_8_gpu_node():
     assert 2 * n / 2 / gb > engine
 
 
+# Qwen2.5-7B-Instruct's config.json (the shape only: written into a folder, no weights, no hub).
+QWEN25_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                 num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
+                 max_position_embeddings=32768, architectures=["Qwen2ForCausalLM"])
+
+
+def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimizer_state(tmp_path):
+    """recipe=grpo_lora: Qwen2.5-7B, LoRA r=16 on every linear, adapter sync, 8 x 80 GB. The launch plan from
+    the real 7B shape against hand arithmetic: no reference copy, AdamW over the adapters only."""
+    import json
+
+    from rlcore import plan
+    from rlcore.cli import parse_argv
+    from rlcore.lora import optim_config
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
+    cfg = parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}"], ROOT / "recipes")
+    dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
+    dims.validate(QWEN25_7B["num_attention_heads"], QWEN25_7B["num_key_value_heads"])
+    validate(cfg, dims)
+    assert load_recipe("grpo_lora", ROOT / "recipes").model.path == "Qwen/Qwen2.5-7B-Instruct"
+    lo = cfg.lora
+    assert lo.enabled and lo.sync == "adapter" and (lo.rank, lo.alpha) == (16, 32.0) and len(lo.targets) == 7
+    assert cfg.algorithm.needs_reference  # a KL term, so the adapters-off reference is in use
+    assert optim_config(lo, cfg.optim).lr == pytest.approx(1e-5)  # 10 x the full fine-tuning 1e-6
+
+    p = plan.build(cfg, 8, 1, 80)
+    assert p.fits
+    h, L, V, I, q, kv = 3584, 28, 152064, 18944, 28 * 128, 4 * 128
+    layer = 2 * h * q + 2 * h * kv + 3 * h * I + 2 * h + (q + 2 * kv)  # + qkv biases
+    P = L * layer + 2 * V * h + h  # untied embedding and lm_head, final norm
+    assert P == 7_615_616_512
+    # r * (in + out) of q, k, v, o, gate, up, down, in every layer: 0.53% of the model
+    A = L * 16 * ((h + q) + 2 * (h + kv) + (q + h) + 2 * (h + I) + (I + h))
+    assert A == 40_370_176 and p.models[0].adapters == A
+    assert [m.role for m in p.models] == ["actor"]  # no reference model, no critic
+    parts = dict(p.train.parts)
+    optimizer = {n: b for n, b in parts.items() if "AdamW" in n}
+    assert optimizer == {"actor AdamW m + v of the adapters (float32, /8)": 8 * A / 8}  # adapters only
+    assert not any("reference" in n or n.startswith("actor grads") for n in parts)
+    T = 8 * (512 + 1024)  # micro-batch rows x (prompt + response) tokens
+    hand = (4 * P / 8 + (4 + 4 + 8) * A / 8  # frozen fp32 base; adapters, their grads and AdamW (fp32)
+            + 2 * ((2 * V * h + h) + 2 * layer) + 4 * A / L  # bf16 root + 2 layers gathered, one layer's grads
+            + T * (2 * h * L + 10 * h + 4 * kv + 8 * I)  # checkpointed activations, bf16
+            + 1024 * V * (2 + 16))  # a 1024-token chunk of logits and its fp32 copies; the engine sleeps
+    assert p.train.total == pytest.approx(hand)
+    assert hand < 0.9 * 80 * 2**30 and p.train.total / 2**30 == pytest.approx(13.6, abs=0.05)
+    assert p.sync_bytes == 2 * A  # a bf16 adapter, ~81 MB, instead of 2 * P = 15.2 GB
+    # Full fine-tuning of the same recipe: a reference copy, full grads and AdamW, and a root gradient.
+    full = plan.build(parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}", "lora=false"], ROOT / "recipes"),
+                      8, 1, 80)
+    saved = (4 + 4 + 8) * P / 8 + (2 * (2 * V * h + h) + 4 * layer - 4 * A / L) - 16 * A / 8
+    assert full.train.total - p.train.total == pytest.approx(saved)  # 17.0 GB a GPU
+    assert full.sync_bytes == 2 * P
+
+
 @pytest.mark.parametrize("name, algorithm, critic", [("ppo", "PPO", "policy"), ("reinforce_pp", "ReinforcePP", "")])
 def test_gpu_recipes_match_grpo_s_setup(name, algorithm, critic):
     """recipe=ppo and recipe=reinforce_pp: the same node, model, data and engines as recipe=grpo."""
@@ -83,7 +138,7 @@ def test_tiny_recipes_are_valid_for_two_cpu_ranks(name):
 
 
 def test_every_recipe_loads():
-    assert {"demo", "grpo", "grpo_moe", "ppo", "ppo_tiny", "reinforce_pp", "reinforce_pp_tiny"} <= set(
+    assert {"demo", "demo_lora", "grpo", "grpo_lora", "grpo_moe", "ppo", "ppo_tiny", "reinforce_pp", "reinforce_pp_tiny"} <= set(
         available_recipes(ROOT / "recipes"))
     for name in available_recipes(ROOT / "recipes"):
         assert load_recipe(name, ROOT / "recipes").algorithm is not None
