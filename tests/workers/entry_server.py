@@ -21,6 +21,9 @@ sys.path.insert(0, str(ROOT / "launch"))
 import train as entry  # noqa: E402  (launch/train.py)
 
 answers = os.fdopen(os.dup(1), "w")  # the real stdout: a request's own prints are captured below
+# Where rlcore, its tests and every installed library live: modules from anywhere else are a request's own
+# (a test's recipe or reward file in its tmp_path) and are dropped after it, never a library's.
+OURS = (str(ROOT), sys.prefix, sys.base_prefix)
 
 
 def free_port() -> int:
@@ -49,8 +52,7 @@ for line in sys.stdin:
     sys.path[:] = path
     for name in set(sys.modules) - modules:  # the user's own modules (recipes, rewards) go; libraries stay
         file = getattr(sys.modules[name], "__file__", None) or ""
-        if name.startswith("rlcore_recipe_") or any(file.startswith(p) for p in request.get("path", [])) \
-                or file.startswith("/tmp"):
+        if name.startswith("rlcore_recipe_") or (file and not file.startswith(OURS)):
             del sys.modules[name]
     answers.write(json.dumps({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}) + "\n")
     answers.flush()
