@@ -65,8 +65,9 @@ class EntryServer:
                                            answer["stdout"], answer["stderr"])
 
     def close(self):
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        if self.proc.poll() is None:  # a server that died was reported by the request it failed
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
 
 
 @pytest.fixture(scope="session")
