@@ -3,12 +3,16 @@ and their optimizer state only and resumes exactly; the export is a PEFT adapter
 merged full model) that scores fixed sequences as the trainer does; launch/convert.py rebuilds it."""
 import json
 import shutil
+import sys
 
 import pytest
 import torch
 
-from conftest import ROOT, train_cmd
+from conftest import ROOT, WORKERS, train_cmd
 from test_checkpoint import SMALL, python, read_metrics
+
+sys.path.insert(0, str(WORKERS))
+from hf_logprobs import SEQUENCES  # noqa: E402  (the fixed sequences every export check scores)
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -69,6 +73,15 @@ def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(t
             assert (models.token_logprobs(trainer, ids, None, 1.0) - want).abs().max() > 1e-4  # 4 steps moved it
         for model in (peft, merged):
             assert (models.token_logprobs(model, ids, None, 1.0) - want).abs().max() < 1e-5
+    # vLLM serves the exported PEFT folder on the base model as the trainer scores (its engine's own loader).
+    out = tmp_path / "vllm_lora.json"
+    proc = python(WORKERS / "hf_logprobs.py", "vllm_lora", tiny.model_dir(), run / "hf" / "step_4", out)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    served = json.loads(out.read_text())["logprobs"]
+    with torch.no_grad():
+        for seq, got in zip(SEQUENCES, served):
+            mine = models.token_logprobs(trainer, torch.tensor([seq]), None, 1.0)[0]
+            assert (mine - torch.tensor(got)).abs().max() < 1e-4
     config = json.loads((run / "hf" / "step_4" / "adapter_config.json").read_text())
     assert config["r"] == 16 and config["peft_type"] == "LORA"
 

@@ -3,6 +3,7 @@
     python tests/workers/hf_logprobs.py trainer MODEL_DIR CHECKPOINT_DIR OUT_JSON   # FSDP policy, 1 rank
     python tests/workers/hf_logprobs.py hf HF_DIR OUT_JSON                          # transformers
     python tests/workers/hf_logprobs.py vllm HF_DIR OUT_JSON                        # vllm.LLM(model=HF_DIR)
+    python tests/workers/hf_logprobs.py vllm_lora BASE_DIR ADAPTER_DIR OUT_JSON     # the base + a PEFT folder
 
 Each writes {"logprobs": [[log p(seq[t] | seq[:t]) for t >= 1] per sequence]} at temperature 1.
 """
@@ -45,17 +46,21 @@ def hf(hf_dir: str) -> list[list[float]]:
                 .tolist() for s in SEQUENCES]
 
 
-def vllm(hf_dir: str) -> list[list[float]]:
+def vllm(hf_dir: str, adapter_dir: str | None = None) -> list[list[float]]:
     from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
 
-    llm = LLM(model=hf_dir, dtype="float32", enforce_eager=True, max_model_len=32, kv_cache_memory_bytes=2**26)
+    lora = dict(enable_lora=True, max_lora_rank=16) if adapter_dir else {}
+    llm = LLM(model=hf_dir, dtype="float32", enforce_eager=True, max_model_len=32, kv_cache_memory_bytes=2**26,
+              **lora)
     outs = llm.generate([{"prompt_token_ids": s} for s in SEQUENCES],
-                        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)
+                        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False,
+                        lora_request=LoRARequest("export", 1, adapter_dir) if adapter_dir else None)
     return [[pos[t].logprob for pos, t in zip(o.prompt_logprobs[1:], s[1:])] for o, s in zip(outs, SEQUENCES)]
 
 
 if __name__ == "__main__":
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     mode, *args, out = sys.argv[1:]
-    logprobs = {"trainer": trainer, "hf": hf, "vllm": vllm}[mode](*args)
+    logprobs = {"trainer": trainer, "hf": hf, "vllm": vllm, "vllm_lora": vllm}[mode](*args)
     json.dump({"logprobs": logprobs}, open(out, "w"))
