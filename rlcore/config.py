@@ -63,6 +63,13 @@ class RolloutConfig:
     schedule: str = "lockstep"  # lockstep | continuous
     trajectory_timeout_s: float = 0.0  # continuous: a trajectory running longer ends truncated, seconds; 0 = none
     step_deadline_s: float = 0.0  # continuous: a rollout (one draw) ends its unfinished trajectories, seconds; 0 = none
+    # Colocated or split (rlcore/split.py): 0 = every rank generates and trains (colocated); R > 0 = ranks [0, R)
+    # only generate (engines of tensor_parallel ranks) and the other ranks only train, overlapping.
+    ranks: int = 0
+    # Split mesh: the engines may sample a batch with weights at most this many optimizer steps older than the
+    # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
+    # off-policy correction (algorithm.tis_cap > 0).
+    max_staleness: int = 0
 
 
 @dataclass
@@ -186,12 +193,27 @@ def validate(cfg: Config, dims) -> None:
     if r.schedule == "lockstep" and (r.trajectory_timeout_s or r.step_deadline_s):
         raise ValueError("rollout.trajectory_timeout_s and rollout.step_deadline_s need rollout.schedule=continuous "
                          "(the lockstep loop has no way to cut a trajectory short)")
-    if r.prompts_per_step % dims.world_size:
+    if not dims.split and r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
                          f"size {dims.world_size} (every rank trains on whole prompt groups)")
-    rows = r.prompts_per_step // dims.world_size * r.group_size
+    for ranks, role in ((dims.generators, "rollout ranks (each scores whole prompt groups)"),
+                        (dims.trainers, "trainer ranks (each trains on whole prompt groups)")) if dims.split else ():
+        if r.prompts_per_step % ranks:
+            raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the {ranks} {role}")
+    rows = r.prompts_per_step // dims.trainers * r.group_size
     if rows % t.mini_batches:
         raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
+    if r.max_staleness and not dims.split:
+        raise ValueError(f"rollout.max_staleness={r.max_staleness} needs a split mesh: set rollout.ranks (the ranks "
+                         f"that only generate); colocated runs are on-policy")
+    if r.max_staleness and not getattr(cfg.algorithm, "tis_cap", 0):
+        raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
+                         f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
+    if dims.split and cfg.lora.enabled and cfg.lora.sync == "adapter":
+        raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
+    if dims.split and any(spec.model for spec in cfg.rewards):
+        raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "
+                         "rewards are scored on the rollout ranks, which hold no models; use a reward function")
 
 
 def _at_least(low):
@@ -232,7 +254,7 @@ VALID = {
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
-    "rollout.step_deadline_s": _at_least(0),
+    "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
