@@ -6,6 +6,7 @@ root, no unshare) the tests that depend on them say which branch they check.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, train_cmd
 from rlcore.cli import parse_argv
 from rlcore.sandbox import Sandbox, SandboxConfig, configure, shared
 
@@ -282,3 +283,27 @@ def test_one_shared_sandbox_per_process_with_the_run_s_limits():
     second.close()
     assert shared() is not second  # closed (e.g. at exit of a run): the next call starts another
     configure(SandboxConfig())  # closes it; later callers start one with the defaults
+
+
+GRADER = """
+from rlcore.sandbox import shared
+
+
+def sandboxed(prompts, completions, **_):
+    box = shared()
+    printed = box.run("print(6 * 7)").stdout
+    return [float(printed == "42\\n") + box.config.timeout_s + 10 * len(box.status["uid"]) for _ in prompts]
+"""
+
+
+@pytest.mark.slow
+def test_a_run_s_reward_function_gets_the_rank_s_sandbox_with_the_run_s_limits(tmp_path):
+    """launch/train.py on 2 ranks: a reward function calls shared(), and the sandbox it gets has the limits set on
+    the command line (the trainer configures it from cfg.sandbox)."""
+    (tmp_path / "grader.py").write_text(GRADER)
+    proc = train_cmd("recipe=demo", "train.steps=1", "data.eval_path=", "rollout.prompts_per_step=4",
+                     "rollout.group_size=4", f"rewards.0.fn={tmp_path}/grader.py:sandboxed", "sandbox.timeout_s=3",
+                     "sandbox.workers=1", f"output_dir={tmp_path}/runs", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "runs" / "demo" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["reward/mean"] == 14.0  # 1 (it printed 42) + 3 (sandbox.timeout_s) + 10 x 1 (sandbox.workers)
