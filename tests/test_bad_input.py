@@ -124,6 +124,9 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("sandbox.file_mb=0", "sandbox.file_mb must be a whole number >= 1 (got 0)"),
     ("sandbox.max_processes=0", "sandbox.max_processes must be a whole number >= 1 (got 0)"),
     ("sandbox.max_output_bytes=-1", "sandbox.max_output_bytes must be a whole number >= 1 (got -1)"),
+    ("sandbox.preload=[math,nump]", "sandbox.preload: there is no module named 'nump' to import into the sandbox "
+                                    "workers"),
+    ("sandbox.preload=[math,no_pkg.sub]", "sandbox.preload: there is no module named 'no_pkg.sub'"),
 ])
 def test_bad_values(entry, tmp_path, override, says):
     proc = entry.train("recipe=demo", override, f"output_dir={tmp_path}/runs")
