@@ -138,6 +138,27 @@ class RewardSpec:
 
 
 @dataclass
+class SandboxConfig:
+    """Limits of the sandbox that runs model-written code (rlcore/sandbox.py): one pool per rank, started on first
+    use by a tool or reward function (rlcore.sandbox.shared(); e.g. rlcore.rollout.tools.python)."""
+    timeout_s: float = 10.0  # wall clock per call; then the child's process group is killed, seconds
+    cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
+    memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
+    file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
+    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
+    max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
+    workers: int = 2  # warm worker processes per rank: calls that run at once
+    # modules each worker imports before it drops its user: free in every call, and the only ones there are
+    # where the sandbox user cannot read the Python installation (e.g. a Python under /root, mode 0o700)
+    preload: list[str] = field(default_factory=lambda: [
+        "math", "cmath", "json", "re", "collections", "itertools", "functools", "operator", "random", "string",
+        "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "copy", "typing", "textwrap"])
+
+    def __post_init__(self):  # Sandbox(SandboxConfig(...)) outside a run; a run's are checked by check_values
+        _check(self, _SANDBOX, "sandbox.")
+
+
+@dataclass
 class PlanConfig:
     """The launch plan (rlcore/plan.py). `plan=true` on the command line is short for `plan.show=true`."""
     SHORTHAND: ClassVar[str] = "show"
@@ -169,6 +190,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters on the policy; lora.enabled=true
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (rlcore.sandbox)
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
 
 
@@ -229,10 +251,17 @@ def _between(low, high, closed_high=True):
     return ok, f"in [{low}, {high}{']' if closed_high else ')'}"
 
 
+def _whole(low):
+    return lambda v: isinstance(v, int) and v >= low, f"a whole number >= {low}"
+
+
 def _one_of(*names):
     return lambda v: v in names, "one of " + ", ".join(names)
 
 
+_SECONDS = (lambda v: 0 < v < math.inf, "a finite number of seconds > 0")  # inf would disarm the deadlines
+_SANDBOX = {"timeout_s": _SECONDS, "cpu_s": _SECONDS, "memory_mb": _whole(1), "file_mb": _whole(1),
+            "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
 # Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
 # are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
 _OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
@@ -265,22 +294,14 @@ VALID = {
     "lora.rank": (lambda v: isinstance(v, int) and 1 <= v <= 512, "an integer in [1, 512] (vLLM's largest "
                   "max_lora_rank is 512)"),
     "lora.alpha": _above(0), "lora.lr_scale": _above(0), "lora.sync": _one_of("adapter", "merged"),
+    **{f"sandbox.{k}": test for k, test in _SANDBOX.items()},
 }
 
 
 def check_values(cfg: Config) -> None:
     """Each field of VALID in range (a wrong type, e.g. a string where a number belongs, fails too), the
     AdamW betas and reward weights, and a run name that stays inside output_dir."""
-    for key, (ok, valid) in VALID.items():
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        try:
-            good = bool(ok(value))
-        except TypeError:
-            good = False
-        if not good or isinstance(value, bool) and not valid.startswith("one of"):
-            raise ValueError(f"{key} must be {valid} (got {value!r})")
+    _check(cfg, VALID)
     for section, optim in (("optim", cfg.optim), ("critic.optim", cfg.critic.optim)):
         if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
             raise ValueError(f"{section}.betas must be two numbers in [0, 1) (got {optim.betas})")
@@ -291,6 +312,20 @@ def check_values(cfg: Config) -> None:
     if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
         raise ValueError(f"name must be a plain folder name inside output_dir, without '/' or '..' "
                          f"(got {name!r})")
+
+
+def _check(obj, table: dict, prefix: str = "") -> None:
+    """Raise a ValueError naming the first field of `table` (dotted keys under `obj`) that is not valid."""
+    for key, (ok, valid) in table.items():
+        value = obj
+        for part in key.split("."):
+            value = getattr(value, part)
+        try:
+            good = bool(ok(value))
+        except TypeError:
+            good = False
+        if not good or isinstance(value, bool) and not valid.startswith("one of"):
+            raise ValueError(f"{prefix}{key} must be {valid} (got {value!r})")
 
 
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).

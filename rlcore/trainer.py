@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, split, update
+from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, sandbox, split, update
 from rlcore.collectives import Preempted, RunError, all_max, all_sum
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_tokenizer
@@ -33,6 +33,8 @@ def setup(cfg: Config) -> Run:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
     run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    # Tools and reward functions reach one sandbox per rank through rlcore.sandbox.shared(): started on first use.
+    sandbox.configure(cfg.sandbox)
     preflight.on_every_rank(preflight.prepare, cfg)
     hf_config, max_model_len, (launch_plan, plan_note) = preflight.on_every_rank(
         preflight.check_models, cfg, dims, per_node)
