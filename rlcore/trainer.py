@@ -52,8 +52,9 @@ def setup(cfg: Config) -> Run:
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None, dormant=not generates)
     if not trains:  # a rollout rank of a split mesh holds no model
-        logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=0, every=cfg.train.log_every)
-        for line in layout(cfg, dims, False, needs_critic(cfg), 0):
+        logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
+                           every=cfg.train.log_every)
+        for line in layout(cfg, dims, False, needs_critic(cfg), 0) + resume_notes:
             logger.print(line)
         return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows,
                    reward_fns, [], envs, model_budget(cfg, envs), engine, None, None, None, None, None, None, None,
