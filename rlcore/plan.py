@@ -143,50 +143,9 @@ class Plan:
         return "; ".join(out)
 
     def render(self) -> str:
-        cfg, w, k = self.cfg, self.world, self.cfg.rollout.tensor_parallel
-        unit = f"{self.device} GPU" if self.device == "cuda" else "CPU rank"
-        where = (f"{self.memory / GB:.1f} GB per GPU" if self.device == "cuda" else
-                 f"host memory {self.memory / GB:.1f} GB shared by {self.nproc_per_node} ranks")
-        groups = " ".join("[" + ",".join(map(str, range(g * k, g * k + k))) + "]" for g in range(w // k))
-        lines = [f"rlcore plan: {cfg.name} on {self.nnodes} node(s) x {self.nproc_per_node} {unit}s; {where}",
-                 f"mesh: world {w}; FSDP over ranks 0-{w - 1}; {w // k} rollout group(s) x tp={k}: {groups}"]
-        for role in ("actor", "critic", "reference"):
-            if role == "reference" and cfg.lora.enabled and cfg.algorithm.needs_reference:
-                lines.append(f"  {role:<9} the actor with its adapters off (LoRA): no copy")
-            elif role not in {m.role for m in self.models if m.role != "reward"}:
-                lines.append(f"  {role:<9} none")
-            for m in (m for m in self.models if m.role == role):
-                how = "trained, AdamW" if m.trained else "frozen" + (", offloaded to CPU" if m.offloaded else "")
-                if m.adapters:
-                    how = (f"base frozen; LoRA r={cfg.lora.rank} adapters trained, AdamW: {m.adapters:,} params "
-                           f"({100 * m.adapters / m.params:.2f}%)")
-                lines.append(f"  {role:<9} {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), {how}, "
-                             f"FSDP over {w} ranks ({m.shapes.layers} layer units + root)")
-        lines += [f"  {'reward':<9} model {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), frozen"
-                  + (", offloaded to CPU" if m.offloaded else "") for m in self.models if m.role == "reward"]
-        lines += [f"  {'reward':<9} function {s.fn if isinstance(s.fn, str) else getattr(s.fn, '__name__', s.fn)}"
-                  for s in cfg.rewards if s.fn]
-        for bar in (self.train, self.generation):
-            lines.append(f"{bar.name.upper()} bar per {'GPU' if self.device == 'cuda' else 'rank'}"
-                         + (f" (micro-batch {cfg.train.micro_batch_size} x {self.seq_len} = {self.micro_tokens} tokens)"
-                            if bar.name == "train" else ""))
-            lines += [f"  {name:<58} {b / GB:8.2f} GB" for name, b in bar.parts]
-            total = bar.total * bar.ranks_sharing
-            verdict = "fits" if bar.fits else f"DOES NOT FIT ({bar.short / GB:.1f} GB short)"
-            lines.append(f"  {'total' + (f' x {bar.ranks_sharing} ranks' if bar.ranks_sharing > 1 else ''):<58} "
-                         f"{total / GB:8.2f} GB  of {bar.limit / GB:.1f} usable: {verdict}")
-        what = (f"LoRA adapters only (lora.sync=adapter; {self.models[0].adapters:,} of "
-                f"{self.models[0].params:,} params)"
-                if cfg.lora.enabled and cfg.lora.sync == "adapter" else
-                "full weights, adapters merged (lora.sync=merged)" if cfg.lora.enabled else "full weights")
-        lines.append(f"SYNC per step: {self.sync_bytes / GB:.4f} GB per engine rank before its TP cut, {what}")
-        per_engine = cfg.rollout.prompts_per_step // (w // k) * cfg.rollout.group_size
-        lines.append(f"KV cache: {self.kv_per_token:,} B/token per TP rank; {self.kv_tokens:,} tokens fit = "
-                     f"{self.kv_tokens // self.seq_len:,} sequences of {self.seq_len} tokens "
-                     f"(a step samples {per_engine} per engine)")
-        if not self.fits:
-            lines.append(f"rlcore: does not fit: {self.error()}")
-        return "\n".join(lines)
+        """What plan=true and launch/plan.py print (rlcore/plan_render.py)."""
+        from rlcore.plan_render import render
+        return render(self)
 
 
 def host_memory() -> float:
