@@ -206,6 +206,9 @@ def generate_side(run: Run, link: Link, report, stop, start: int = 0, state: dic
                 gap = probe_gap(run, probe, header["probe"])
                 metrics = ready.pop(t)[1] | header["metrics"] | {"async/probe_logprob_diff_max": gap}
                 metrics["time/sync_s"] = header["receive_s"]
+                if run.plan is not None:  # the rollout and trainer bars, beside each side's measured peak
+                    metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
+                                "memory/plan_train_gb": run.plan.train.total / 2**30}
                 if gap > cfg.rollout.logprob_diff_threshold:
                     error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                              f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
