@@ -139,6 +139,12 @@ def test_plan_cli_exit_codes(tmp_path):
               "--gpu-memory-gb=80")
     assert big.returncode == 1
     assert big.stdout.strip().splitlines()[-1].startswith("rlcore: does not fit: the TRAIN bar needs")
+    split = run("recipe=grpo", f"model.path={tmp_path / 'q15'}", "rollout.ranks=3", "--nproc-per-node", 8,
+                "--gpu-memory-gb", 80)
+    assert split.returncode == 2 and split.stdout == ""
+    assert split.stderr.strip() == ("rlcore: error: rollout.ranks=3 must be a multiple of rollout.tensor_parallel=2 "
+                                    "below the world size 8 (the rest of the ranks train); valid: [2, 4, 6] or 0 "
+                                    "(colocated)")
     missing = run("recipe=grpo", f"model.path={tmp_path}/nope", "--nproc-per-node", 8, "--gpu-memory-gb", 80)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (f"rlcore: error: model.path '{tmp_path}/nope' has no config.json locally or "
