@@ -236,6 +236,9 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
             metrics = ready.pop(t)[1] | header["metrics"] | {
                 "async/probe_logprob_diff_max": gap, "async/engine_version": run.engine.version,
                 "time/sync_s": sync_s, "sync/gb": sync_gb, "throughput/sync_gb_s": sync_gb / max(sync_s, 1e-9)}
+            if run.plan is not None:  # the rollout and trainer bars, beside each side's measured peak
+                metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
+                            "memory/plan_train_gb": run.plan.train.total / 2**30}
             if gap > cfg.rollout.logprob_diff_threshold:
                 error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                          f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
