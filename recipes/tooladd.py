@@ -37,7 +37,7 @@ def config() -> Config:
         model=ModelConfig(path=str(tooladd.model_dir())),
         data=DataConfig(path=str(tooladd.train_file()), eval_path=str(tooladd.eval_file()),
                         prompt_column="prompt", chat_template=True, max_prompt_tokens=32),
-        # A call is 12 tokens and the tool's answer 12; then 3-4 for the answer.
+        # A call is 11 tokens and the tool's answer 12; then 3-4 for the answer.
         rollout=RolloutConfig(group_size=8, prompts_per_step=32, max_new_tokens=16, max_total_tokens=32,
                               env=Adder, temperature=1.0, cpu_kv_cache_gb=0.5, logprob_diff_threshold=1e-3),
         optim=OptimConfig(lr=1e-4, warmup_steps=5, schedule="constant", max_grad_norm=1.0),
