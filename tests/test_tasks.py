@@ -100,5 +100,6 @@ def test_tooladd_native_tool_learns(tmp_path):
     assert all(r["rollout/logprob_diff_max"] < 1e-4 for r in rows[1:])
     assert all(r["tool/calls"] == round(r["reward/tool_calls"] * 256) for r in rows[1:])
     assert rows[1]["tool/calls"] < 0.2 * 256 and rows[-1]["tool/calls"] > 2 * rows[1]["tool/calls"]
-    assert sum(r["tool/malformed"] + r["tool/bad_arguments"] + r["tool/unknown_tool"] for r in rows[1:]) < 20
+    bad = sum(r["tool/malformed"] + r["tool/bad_arguments"] + r["tool/unknown_tool"] for r in rows[1:])
+    assert bad < 0.03 * sum(r["tool/calls"] for r in rows[1:])  # the format holds (0.6% measured)
     assert rows[-1]["env/turns_mean"] > rows[1]["env/turns_mean"]  # a call adds a turn

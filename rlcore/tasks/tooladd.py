@@ -41,16 +41,16 @@ from rlcore.rollout.tools import Toolbox, ToolEnv
 from rlcore.tasks import encode_segments, play
 from rlcore.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
 
-VERSION = "tooladd-v1"  # bump when anything below (or rlcore.tiny's problems) changes the build
+VERSION = "tooladd-v2"  # bump when anything below (or rlcore.tiny's problems) changes the build
 SEED = 0
 VOCAB_SIZE = 128  # the chat tokenizer's 106 ids and the folded lines, padded up
 POSITIONS = 96  # max_position_embeddings: a tool-route conversation is 55 tokens
 MAX_NEW_TOKENS = 16  # per turn: a call is 11 tokens, an answer 3-4
 MAX_TOTAL_TOKENS = 32  # after the prompt: call, tool answer (12) and answer
-LEARN_STEPS = 500  # optimizer steps on right answers (and tool routes)
-HABIT_STEPS = 400  # then on the right / forgot-the-carry mixture, learning rate decaying 10x
+LEARN_STEPS = 400  # optimizer steps on right answers (and tool routes)
+HABIT_STEPS = 300  # then on the right / forgot-the-carry mixture, learning rate decaying 10x
 BATCH = 32  # direct-answer problems per step
-COPY_ROWS = 32  # tool-route rows per step
+COPY_ROWS = 16  # tool-route rows per step
 TOOL_SHARE = 0.1  # the call's share of the first-token probability the warm start aims at
 LR = 1e-3  # AdamW peak learning rate
 
@@ -221,7 +221,7 @@ def build(out_dir: Path) -> dict:
         model = AutoModelForCausalLM.from_config(model_config(tokenizer))
         losses = warm_start(model, tokenizer)
         eval_rows = tiny.problem_set(tiny.EVAL_SIZE, tiny.SEED + 1, heldout=True)  # rlcore.tiny's held-out set
-        measured = evaluate(model, tokenizer, eval_rows, samples=4)
+        measured = evaluate(model, tokenizer, eval_rows, samples=2)
     finally:
         torch.set_num_threads(threads)
     save(model, tokenizer, out_dir / "model")
