@@ -21,8 +21,8 @@ Warm start (one SFT from random init, like rlcore.tiny's and calculator.py's com
 answers, then HABIT_STEPS on the correct / forgot-the-carry mixture (rlcore.tiny.SLOPPY), each step with
 COPY_ROWS tool-route rows besides. Those carry loss on the call and on the copied answer, none on the prompt or
 the tool's text; the <tool_call> token gets a weight that makes the call TOOL_SHARE of the first-token targets.
-The start calls the tool on about one sample in ten and copies its answer well, but greedily answers directly,
-with the habit: RL has two routes to the right answer.
+The start calls the tool on 7% of samples and copies its answer (100% right when it calls), but greedily answers
+directly, with the habit (23.4% held-out): RL has two routes to the right answer. It builds in ~90 s.
 """
 from __future__ import annotations
 
