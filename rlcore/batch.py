@@ -13,6 +13,8 @@ Layout (one rank's share of a step, B sequences):
     rewards         [B]     scalar reward per sequence
     advantages      [B, T]  per-token advantage, written by the algorithm
     returns         [B, T]  value targets, written by algorithms with a critic
+    versions        [B]     the policy version (optimizer steps) of the weights that sampled each sequence;
+                            set in a split mesh (rlcore/split.py), None when colocated (always current)
 
 Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
 """
@@ -38,6 +40,7 @@ class Batch:
     values: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

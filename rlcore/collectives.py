@@ -2,6 +2,10 @@
 
 Every rank calls each of these at the same point with its own value; each returns the same result on
 every rank, so a decision taken from it (stop, skip, keep drawing) is taken by all ranks together.
+
+"Every rank" is the ranks of this rank's role: all of them when colocated; in a split mesh
+(rlcore/split.py) the rollout ranks among themselves and the trainer ranks among themselves (`set_scope`),
+so the stages run unchanged on either side.
 """
 from __future__ import annotations
 
@@ -11,14 +15,27 @@ import torch.distributed as dist
 from rlcore.parallel import device_type
 
 
+_scope = None  # the process group these collectives run over; None = the whole world
+
+
 class RunError(RuntimeError):
     """The run must stop (every rank raises it together, with the same one-line message)."""
 
 
+class Preempted(RunError):
+    """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
+
+
+def set_scope(group) -> None:
+    """Run this rank's collectives over `group` from now on (None: the whole world)."""
+    global _scope
+    _scope = group
+
+
 def agree(error: str | None) -> None:
     """If any rank hit an error, every rank raises the first one (so no rank waits forever)."""
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+    errors = [None] * dist.get_world_size(_scope)
+    dist.all_gather_object(errors, error, group=_scope)
     first = next((e for e in errors if e), None)
     if first:
         raise RunError(first)
@@ -26,13 +43,13 @@ def agree(error: str | None) -> None:
 
 def all_sum(*values: float) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device_type())
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=_scope)
     return t.tolist()
 
 
 def all_max(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device_type())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_scope)
     return t.item()
 
 
@@ -43,5 +60,5 @@ def all_min(value: float) -> float:
 def reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over every rank (the `reduce` algorithms use for global statistics)."""
     out = t.to(device_type(), torch.float64)
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=_scope)
     return out.cpu()

@@ -63,6 +63,13 @@ class RolloutConfig:
     schedule: str = "lockstep"  # lockstep | continuous
     trajectory_timeout_s: float = 0.0  # continuous: a trajectory running longer ends truncated, seconds; 0 = none
     step_deadline_s: float = 0.0  # continuous: a rollout (one draw) ends its unfinished trajectories, seconds; 0 = none
+    # Colocated or split (rlcore/split.py): 0 = every rank generates and trains (colocated); R > 0 = ranks [0, R)
+    # only generate (engines of tensor_parallel ranks) and the other ranks only train, overlapping.
+    ranks: int = 0
+    # Split mesh: the engines may sample a batch with weights at most this many optimizer steps older than the
+    # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
+    # off-policy correction (algorithm.tis_cap > 0).
+    max_staleness: int = 0
 
 
 @dataclass
@@ -131,6 +138,27 @@ class RewardSpec:
 
 
 @dataclass
+class SandboxConfig:
+    """Limits of the sandbox that runs model-written code (rlcore/sandbox.py): one pool per rank, started on first
+    use by a tool or reward function (rlcore.sandbox.shared(); e.g. rlcore.rollout.tools.python)."""
+    timeout_s: float = 10.0  # wall clock per call; then the child's process group is killed, seconds
+    cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
+    memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
+    file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
+    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
+    max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
+    workers: int = 2  # warm worker processes per rank: calls that run at once
+    # modules each worker imports before it drops its user: free in every call, and the only ones there are
+    # where the sandbox user cannot read the Python installation (e.g. a Python under /root, mode 0o700)
+    preload: list[str] = field(default_factory=lambda: [
+        "math", "cmath", "json", "re", "collections", "itertools", "functools", "operator", "random", "string",
+        "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "copy", "typing", "textwrap"])
+
+    def __post_init__(self):  # Sandbox(SandboxConfig(...)) outside a run; a run's are checked by check_values
+        _check(self, _SANDBOX, "sandbox.")
+
+
+@dataclass
 class PlanConfig:
     """The launch plan (rlcore/plan.py). `plan=true` on the command line is short for `plan.show=true`."""
     SHORTHAND: ClassVar[str] = "show"
@@ -162,6 +190,7 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)  # LoRA adapters on the policy; lora.enabled=true
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (rlcore.sandbox)
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
 
 
@@ -186,12 +215,27 @@ def validate(cfg: Config, dims) -> None:
     if r.schedule == "lockstep" and (r.trajectory_timeout_s or r.step_deadline_s):
         raise ValueError("rollout.trajectory_timeout_s and rollout.step_deadline_s need rollout.schedule=continuous "
                          "(the lockstep loop has no way to cut a trajectory short)")
-    if r.prompts_per_step % dims.world_size:
+    if not dims.split and r.prompts_per_step % dims.world_size:
         raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
                          f"size {dims.world_size} (every rank trains on whole prompt groups)")
-    rows = r.prompts_per_step // dims.world_size * r.group_size
+    for ranks, role in ((dims.generators, "rollout ranks (each scores whole prompt groups)"),
+                        (dims.trainers, "trainer ranks (each trains on whole prompt groups)")) if dims.split else ():
+        if r.prompts_per_step % ranks:
+            raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the {ranks} {role}")
+    rows = r.prompts_per_step // dims.trainers * r.group_size
     if rows % t.mini_batches:
         raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
+    if r.max_staleness and not dims.split:
+        raise ValueError(f"rollout.max_staleness={r.max_staleness} needs a split mesh: set rollout.ranks (the ranks "
+                         f"that only generate); colocated runs are on-policy")
+    if r.max_staleness and not getattr(cfg.algorithm, "tis_cap", 0):
+        raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
+                         f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
+    if dims.split and cfg.lora.enabled and cfg.lora.sync == "adapter":
+        raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
+    if dims.split and any(spec.model for spec in cfg.rewards):
+        raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "
+                         "rewards are scored on the rollout ranks, which hold no models; use a reward function")
 
 
 def _at_least(low):
@@ -207,10 +251,17 @@ def _between(low, high, closed_high=True):
     return ok, f"in [{low}, {high}{']' if closed_high else ')'}"
 
 
+def _whole(low):
+    return lambda v: isinstance(v, int) and v >= low, f"a whole number >= {low}"
+
+
 def _one_of(*names):
     return lambda v: v in names, "one of " + ", ".join(names)
 
 
+_SECONDS = (lambda v: 0 < v < math.inf, "a finite number of seconds > 0")  # inf would disarm the deadlines
+_SANDBOX = {"timeout_s": _SECONDS, "cpu_s": _SECONDS, "memory_mb": _whole(1), "file_mb": _whole(1),
+            "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
 # Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
 # are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
 _OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
@@ -232,7 +283,7 @@ VALID = {
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
-    "rollout.step_deadline_s": _at_least(0),
+    "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
@@ -243,22 +294,14 @@ VALID = {
     "lora.rank": (lambda v: isinstance(v, int) and 1 <= v <= 512, "an integer in [1, 512] (vLLM's largest "
                   "max_lora_rank is 512)"),
     "lora.alpha": _above(0), "lora.lr_scale": _above(0), "lora.sync": _one_of("adapter", "merged"),
+    **{f"sandbox.{k}": test for k, test in _SANDBOX.items()},
 }
 
 
 def check_values(cfg: Config) -> None:
     """Each field of VALID in range (a wrong type, e.g. a string where a number belongs, fails too), the
     AdamW betas and reward weights, and a run name that stays inside output_dir."""
-    for key, (ok, valid) in VALID.items():
-        value = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        try:
-            good = bool(ok(value))
-        except TypeError:
-            good = False
-        if not good or isinstance(value, bool) and not valid.startswith("one of"):
-            raise ValueError(f"{key} must be {valid} (got {value!r})")
+    _check(cfg, VALID)
     for section, optim in (("optim", cfg.optim), ("critic.optim", cfg.critic.optim)):
         if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
             raise ValueError(f"{section}.betas must be two numbers in [0, 1) (got {optim.betas})")
@@ -269,6 +312,20 @@ def check_values(cfg: Config) -> None:
     if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
         raise ValueError(f"name must be a plain folder name inside output_dir, without '/' or '..' "
                          f"(got {name!r})")
+
+
+def _check(obj, table: dict, prefix: str = "") -> None:
+    """Raise a ValueError naming the first field of `table` (dotted keys under `obj`) that is not valid."""
+    for key, (ok, valid) in table.items():
+        value = obj
+        for part in key.split("."):
+            value = getattr(value, part)
+        try:
+            good = bool(ok(value))
+        except TypeError:
+            good = False
+        if not good or isinstance(value, bool) and not valid.startswith("one of"):
+            raise ValueError(f"{prefix}{key} must be {valid} (got {value!r})")
 
 
 # An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).

@@ -48,13 +48,14 @@ class DriftCheck:
         return {"rollout/logprob_diff_mean": self.sum / max(self.tokens, 1.0), "rollout/logprob_diff_max": self.max}
 
 
-def prepare(run: Run, batch: Batch, step: int) -> tuple[DriftCheck, dict[str, float]]:
+def prepare(run: Run, batch: Batch, step: int, threshold: float | None = None) -> tuple[DriftCheck, dict[str, float]]:
     """Fill in what the update reads besides the weights: old logprobs (unless the on-policy update takes
     its own), reference logprobs, values, advantages. Returns the drift check, for the update to call
     before its optimizer step (it has run already when the old logprobs came from a pass here), and the
-    advantages' metrics."""
+    advantages' metrics. `threshold` overrides rollout.logprob_diff_threshold (inf: measure, never stop,
+    for samples of an older policy: rlcore/split.py)."""
     cfg = run.cfg
-    check = DriftCheck(batch, cfg.rollout.logprob_diff_threshold, step)
+    check = DriftCheck(batch, cfg.rollout.logprob_diff_threshold if threshold is None else threshold, step)
     if not takes_old_logprobs(cfg):
         batch.old_logprobs = forward_logprobs(run, run.policy, batch)
         check()

@@ -6,6 +6,12 @@ of `k` ranks). vLLM's external launcher forms tensor-parallel groups from contig
 
     W=8, k=2:  rollout mesh axes ("dp", "tp")   [[0, 1], [2, 3], [4, 5], [6, 7]]
                fsdp mesh axis ("fsdp",)          [0, 1, 2, 3, 4, 5, 6, 7]
+
+Split (rollout.ranks=R > 0, rlcore/split.py): ranks [0, R) only generate and ranks [R, W) only train. vLLM's
+external launcher still takes the whole world and forms its TP blocks over every rank, so every rank builds
+an engine; the trainer ranks' engines stay dormant. FSDP2 runs over the trainer ranks' own process group:
+
+    W=3, k=1, R=1:  engines on [0] (and dormant on [1], [2])   fsdp over [1, 2]
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 class ParallelDims:
     world_size: int
     tp: int  # ranks per vLLM engine (rollout tensor parallelism)
+    rollout_ranks: int = 0  # split mesh: ranks [0, rollout_ranks) only generate, the rest only train; 0 = colocated
 
     def validate(self, num_heads: int | None = None, num_kv_heads: int | None = None) -> None:
         """Fail before anything loads. The head counts come from the model's config.json."""
@@ -30,6 +37,11 @@ class ParallelDims:
             valid = [k for k in range(1, self.world_size + 1) if self.world_size % k == 0]
             raise ValueError(f"rollout.tensor_parallel={self.tp} does not divide the world size "
                              f"{self.world_size}; valid: {valid}")
+        if self.rollout_ranks and (self.rollout_ranks >= self.world_size or self.rollout_ranks % self.tp):
+            raise ValueError(f"rollout.ranks={self.rollout_ranks} must be a multiple of rollout.tensor_parallel="
+                             f"{self.tp} below the world size {self.world_size} (the rest of the ranks train); "
+                             f"valid: {[r for r in range(self.tp, self.world_size, self.tp)] or 'none'} or 0 "
+                             f"(colocated)")
         if num_heads is not None and num_heads % self.tp:
             raise ValueError(f"rollout.tensor_parallel={self.tp} does not divide the model's "
                              f"{num_heads} attention heads")
@@ -39,8 +51,29 @@ class ParallelDims:
                              f"{num_kv_heads} key/value heads (one must divide the other)")
 
     @property
+    def split(self) -> bool:
+        return self.rollout_ranks > 0
+
+    @property
+    def generators(self) -> int:
+        """Ranks that generate (all of them when colocated)."""
+        return self.rollout_ranks or self.world_size
+
+    @property
+    def trainers(self) -> int:
+        """Ranks that train (all of them when colocated)."""
+        return self.world_size - self.rollout_ranks
+
+    @property
     def rollout_groups(self) -> int:
-        return self.world_size // self.tp
+        """Engines that generate (the trainer ranks' dormant engines are not counted)."""
+        return self.generators // self.tp
+
+    def generates(self, rank: int) -> bool:
+        return rank < self.generators
+
+    def trains(self, rank: int) -> bool:
+        return rank >= self.rollout_ranks
 
 
 def device_type() -> str:
@@ -64,9 +97,15 @@ def init_distributed() -> None:
         dist.init_process_group("gloo")
 
 
-def build_meshes(dims: ParallelDims) -> tuple[DeviceMesh, DeviceMesh]:
-    """Returns (fsdp_mesh over all ranks, rollout_mesh of shape (W/k, k) with axes ("dp", "tp"))."""
+def build_meshes(dims: ParallelDims) -> tuple[DeviceMesh | None, DeviceMesh]:
+    """Returns (fsdp_mesh, rollout_mesh of shape (W/k, k) over every rank with axes ("dp", "tp")). The FSDP
+    mesh spans every rank, or in a split mesh the trainer ranks only (None on the rollout ranks)."""
     dev = device_type()
-    fsdp = init_device_mesh(dev, (dims.world_size,), mesh_dim_names=("fsdp",))
-    rollout = init_device_mesh(dev, (dims.rollout_groups, dims.tp), mesh_dim_names=("dp", "tp"))
+    if not dims.split:
+        fsdp = init_device_mesh(dev, (dims.world_size,), mesh_dim_names=("fsdp",))
+    else:  # new_group is collective: every rank makes the trainers' group, only they build a mesh on it
+        trainers = dist.new_group(list(range(dims.rollout_ranks, dims.world_size)))
+        fsdp = DeviceMesh.from_group(trainers, dev, mesh_dim_names=("fsdp",)) \
+            if dims.trains(dist.get_rank()) else None
+    rollout = init_device_mesh(dev, (dims.world_size // dims.tp, dims.tp), mesh_dim_names=("dp", "tp"))
     return fsdp, rollout

@@ -75,6 +75,13 @@ def check_config(cfg: Config, dims: ParallelDims):
     if cfg.logging.wandb and importlib.util.find_spec("wandb") is None:
         raise ValueError("logging.wandb=true needs the wandb package: pip install 'rlcore[wandb]' (or set "
                          "logging.wandb=false; TensorBoard logs are always written)")
+    for name in cfg.sandbox.preload:  # each sandbox worker imports them as it starts: a missing one stops every call
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or an empty name
+            found = False
+        if not found:
+            raise ValueError(f"sandbox.preload: there is no module named {name!r} to import into the sandbox workers")
     meta = checkpoint.describe(cfg, dims.world_size, dims.rollout_groups)
     resume_from, notes = checkpoint.resolve(cfg, run_dir, meta)  # a missing or foreign checkpoint fails here
     return run_dir, meta, resume_from, notes

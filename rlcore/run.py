@@ -47,6 +47,8 @@ class Run:
     meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
     plan: object = None  # the launch plan (rlcore.plan.Plan), or None where its formulas do not cover the model
     resume_from: Path | None = None  # the checkpoint to load before the first step
+    link: object = None  # split mesh: the process groups joining rollout and trainer ranks (rlcore.split.Link)
+    train_group: object = None  # split mesh, trainer ranks: their own process group (FSDP2's)
 
     def trained_models(self) -> dict[str, tuple]:
         """Every model the run trains, with its optimizer and LR scheduler: what a checkpoint holds."""

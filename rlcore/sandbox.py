@@ -7,6 +7,9 @@
     sandbox.status      # {"network_isolated": True, "user_dropped": True, "stdlib_readable": True, ...}
     sandbox.close()                                                # also at exit
 
+    shared().run(code)   # one sandbox per process (rank) for tools and reward functions, started on first use
+                         # with the run config's `sandbox` limits (configure(cfg.sandbox), done by the trainer)
+
 A few warm workers (rlcore/sandbox_worker.py under `python -I`, started once with an empty environment, each
 in its own session) read code from a pipe and fork a fresh child per call. The child takes its own session,
 the limits (RLIMIT_CPU/AS/FSIZE/NPROC/NOFILE, no core files), a fresh scratch directory as cwd, HOME and
@@ -36,7 +39,6 @@ import asyncio
 import atexit
 import itertools
 import json
-import math
 import os
 import queue
 import select
@@ -47,36 +49,12 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from rlcore.config import SandboxConfig  # the limits: the run config's `sandbox` section
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 GRACE_S = 5.0  # the trainer gives a worker this long past timeout_s (fork, reaping, cleanup) before killing it
-
-
-@dataclass
-class SandboxConfig:
-    timeout_s: float = 10.0  # wall clock per call; then the child's process group is killed, seconds
-    cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
-    memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
-    file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
-    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
-    max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
-    workers: int = 2  # warm worker processes: calls that run at once
-    # modules each worker imports before it drops its user: free in every call, and the only ones there are
-    # where the sandbox user cannot read the Python installation (e.g. a Python under /root, mode 0o700)
-    preload: list[str] = field(default_factory=lambda: [
-        "math", "cmath", "json", "re", "collections", "itertools", "functools", "operator", "random", "string",
-        "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "copy", "typing", "textwrap"])
-
-    def __post_init__(self):
-        for name, value in vars(self).items():
-            if name == "preload":
-                continue
-            whole = name not in ("timeout_s", "cpu_s")
-            ok = isinstance(value, int if whole else (int, float)) and not isinstance(value, bool)
-            if not ok or not math.isfinite(value) or value <= 0:
-                kind = "a whole number >= 1" if whole else "a number of seconds > 0"
-                raise ValueError(f"sandbox.{name} must be {kind}, got {value!r}")
 
 
 @dataclass
@@ -171,6 +149,37 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# ---- one sandbox per process ------------------------------------------------------------------------------
+# For tools and reward functions that need no pool of their own (e.g. rlcore.rollout.tools.python). A run sets
+# its limits from the config's `sandbox` section at startup (rlcore.trainer); its workers start on first use.
+_shared: Sandbox | None = None
+_shared_config = SandboxConfig()
+_shared_lock = threading.Lock()
+
+
+def configure(config: SandboxConfig) -> None:
+    """The limits of `shared()`. A shared sandbox already running with other limits is closed; the next call
+    to shared() starts one with these."""
+    global _shared, _shared_config
+    with _shared_lock:
+        stale = _shared if _shared is not None and _shared.config != config else None
+        _shared_config = config
+        if stale is not None:
+            _shared = None
+    if stale is not None:
+        stale.close()
+
+
+def shared() -> Sandbox:
+    """This process's sandbox, started on the first call (from any thread) with the limits given to
+    configure(), SandboxConfig()'s defaults if none were."""
+    global _shared
+    with _shared_lock:
+        if _shared is None or _shared._closed:
+            _shared = Sandbox(_shared_config)
+        return _shared
 
 
 _slots = itertools.count()

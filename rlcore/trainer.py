@@ -14,8 +14,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, update
-from rlcore.collectives import RunError, all_max, all_sum
+from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, sandbox, split, update
+from rlcore.collectives import Preempted, RunError, all_max, all_sum
 from rlcore.config import Config
 from rlcore.data import PromptStream, load_tokenizer
 from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
@@ -26,31 +26,38 @@ from rlcore.run import Run
 from rlcore.summary import Summary
 
 
-class Preempted(RunError):
-    """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
-
-
 def setup(cfg: Config) -> Run:
     """Check everything cheap on every rank first (rlcore/preflight.py), then load."""
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    dims = ParallelDims(world, cfg.rollout.tensor_parallel)
+    dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
     run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    # Tools and reward functions reach one sandbox per rank through rlcore.sandbox.shared(): started on first use.
+    sandbox.configure(cfg.sandbox)
     preflight.on_every_rank(preflight.prepare, cfg)
     hf_config, max_model_len, (launch_plan, plan_note) = preflight.on_every_rank(
         preflight.check_models, cfg, dims, per_node)
     tokenizer, reward_fns, table, envs, eval_rows = preflight.on_every_rank(
         preflight.load_inputs, cfg, hf_config.vocab_size)
     fsdp_mesh, rollout_mesh = build_meshes(dims)
+    link = split.Link.make(dims.rollout_ranks, world) if dims.split else None
     group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
+    generates, trains = dims.generates(rank), dims.trains(rank)  # both when colocated
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
-                           group, cfg.seed, cfg.data.num_workers)
+                           group, cfg.seed, cfg.data.num_workers) if generates else None
     if rank == 0:
         from rlcore.cli import save_config
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
-    engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None)
+    engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None, dormant=not generates)
+    if not trains:  # a rollout rank of a split mesh holds no model
+        logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=0, every=cfg.train.log_every)
+        for line in layout(cfg, dims, False, needs_critic(cfg), 0):
+            logger.print(line)
+        return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows,
+                   reward_fns, [], envs, model_budget(cfg, envs), engine, None, None, None, None, None, None, None,
+                   logger, run_dir, meta=meta, plan=launch_plan, resume_from=resume_from, link=link)
     # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
     policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, cfg.seed), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
@@ -97,7 +104,8 @@ def setup(cfg: Config) -> Run:
     return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows, reward_fns,
                reward_models, envs, model_budget(cfg, envs), engine,
                policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir,
-               meta=meta, plan=launch_plan, resume_from=resume_from)
+               meta=meta, plan=launch_plan, resume_from=resume_from, link=link,
+               train_group=fsdp_mesh.get_group() if dims.split else None)
 
 
 def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, reward_models: int,
@@ -166,44 +174,13 @@ def train_step(run: Run, step: int) -> dict[str, float]:
 
 
 def train(cfg: Config) -> dict[str, float]:
-    """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank."""
+    """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank (in a split
+    mesh, on the rollout ranks)."""
     run = setup(cfg)
-    summary: dict[str, float] = {}
-    # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
-    loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
     stop = checkpoint.StopSignal()
     report, status = Summary(), "finished"
     try:
-        if run.resume_from is not None:
-            loop, notes = checkpoint.load(run.resume_from, run.trained_models(), run.prompts, run.group)
-            for line in notes:
-                run.logger.print(line)
-            # The engine started from model.path: it samples with the checkpointed weights from step one.
-            run.engine.sync_weights(run.policy)
-            summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
-        elif run.eval_rows:
-            t = time.perf_counter()
-            summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
-            report.extra |= {"time/eval_s": time.perf_counter() - t, "eval/accuracy_start": summary["eval/accuracy_start"]}
-            run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
-        for step in range(loop["step"] + 1, cfg.train.steps + 1):
-            metrics = train_step(run, step)
-            skipped = metrics.pop("train/skipped")
-            loop["step"], loop["skipped_steps"] = step, loop["skipped_steps"] + int(skipped)
-            loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
-            metrics["train/skipped_steps"] = loop["skipped_steps"]
-            if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-                t = time.perf_counter()
-                metrics |= evaluate(run)
-                metrics["time/eval_s"] = time.perf_counter() - t
-            run.logger.log(step, metrics)
-            summary |= metrics
-            report.add(metrics)
-            if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
-                raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
-                               f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
-                               f"with the weights of the last finite step")
-            report.steps[-1]["time/checkpoint_s"] = save_and_export(run, step, loop, stop)
+        summary = split.train(run, report, stop) if run.dims.split else colocated(run, report, stop)
         if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
@@ -218,6 +195,44 @@ def train(cfg: Config) -> dict[str, float]:
             run.logger.print(report.write(run.run_dir, cfg.name, status).rstrip())
             run.logger.print(f"rlcore: summary written to {run.run_dir / 'summary.md'}")
         run.logger.close()
+    return summary
+
+
+def colocated(run: Run, report: Summary, stop: checkpoint.StopSignal) -> dict[str, float]:
+    """The colocated loop: every rank takes every stage of every step."""
+    cfg, summary = run.cfg, {}
+    # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
+    loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
+    if run.resume_from is not None:
+        loop, notes = checkpoint.load(run.resume_from, run.trained_models(), run.prompts, run.group)
+        for line in notes:
+            run.logger.print(line)
+        # The engine started from model.path: it samples with the checkpointed weights from step one.
+        run.engine.sync_weights(run.policy)
+        summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
+    elif run.eval_rows:
+        t = time.perf_counter()
+        summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+        report.extra |= {"time/eval_s": time.perf_counter() - t, "eval/accuracy_start": summary["eval/accuracy_start"]}
+        run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
+    for step in range(loop["step"] + 1, cfg.train.steps + 1):
+        metrics = train_step(run, step)
+        skipped = metrics.pop("train/skipped")
+        loop["step"], loop["skipped_steps"] = step, loop["skipped_steps"] + int(skipped)
+        loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
+        metrics["train/skipped_steps"] = loop["skipped_steps"]
+        if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
+            t = time.perf_counter()
+            metrics |= evaluate(run)
+            metrics["time/eval_s"] = time.perf_counter() - t
+        run.logger.log(step, metrics)
+        summary |= metrics
+        report.add(metrics)
+        if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
+            raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
+                           f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
+                           f"with the weights of the last finite step")
+        report.steps[-1]["time/checkpoint_s"] = save_and_export(run, step, loop, stop)
     return summary
 
 

@@ -81,6 +81,15 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None,
                        for n, p in unit.tensors().items()}
             yield from _counted(model, fold(tensors, scale), stats)
         return
+    for tensors in checkpoint_units(model, stats, dtype, overlap):
+        yield from tensors.items()
+
+
+def checkpoint_units(model: torch.nn.Module, stats=None, dtype: torch.dtype | None = None,
+                     overlap: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+    """The sync side of `checkpoint_weights`, a unit at a time: {checkpoint name: full tensor} per FSDP2 unit
+    (a collective; the split mesh's transfer sends each unit as one message, rlcore/split.py)."""
+    found, scale = units(model), scale_of(model)
     pending = _unshard(found[0], async_op=overlap)
     for i, unit in enumerate(found):
         if pending is not None:
@@ -92,7 +101,7 @@ def checkpoint_weights(model: torch.nn.Module, master: bool = False, stats=None,
         tensors = {n: t.to(dtype or t.dtype, copy=True) for n, t in tensors.items()}
         if isinstance(unit.module, FSDPModule):
             unit.module.reshard()
-        yield from _counted(model, tensors, stats)
+        yield dict(_counted(model, tensors, stats))
         if not overlap and following:
             _unshard(following, async_op=False)
 

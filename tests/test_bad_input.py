@@ -4,7 +4,8 @@ one `rlcore: error:` line naming the key or file, before any engine starts, with
 Classes (the README's "Bad input" table): (a) user files missing, empty, truncated, corrupted or of the
 wrong kind; (b) numeric fields out of range, zero, negative or NaN, and named choices that do not exist;
 (c) output locations that cannot be created, and run names that would leave output_dir; (d) the user's own
-code raising (recipe, prepare, reward and environment files); (e) an error only some ranks see.
+code raising (recipe, prepare, reward and environment files), and tools declared wrongly or that the model's chat
+template cannot show; (e) an error only some ranks see.
 (a)-(d) run launch/train.py's main() at world size 1 (the same code path as every torchrun rank), case after
 case in one warm process (conftest.EntryServer) instead of a new `python launch/train.py` each; (e) runs
 under torchrun with 2 ranks.
@@ -115,6 +116,17 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("optim.schedule=cosin", "optim.schedule must be one of constant, linear, cosine (got 'cosin')"),
     ("model.attn_implementation=flash", "model.attn_implementation must be one of sdpa, eager, flash_attention_2"),
     ("resume=step_7", "resume"),
+    ("rollout.env_workers=0", "rollout.env_workers must be >= 1 (got 0)"),
+    ("sandbox.workers=0", "sandbox.workers must be a whole number >= 1 (got 0)"),
+    ("sandbox.timeout_s=0", "sandbox.timeout_s must be a finite number of seconds > 0 (got 0.0)"),
+    ("sandbox.cpu_s=-5", "sandbox.cpu_s must be a finite number of seconds > 0 (got -5.0)"),
+    ("sandbox.memory_mb=-1", "sandbox.memory_mb must be a whole number >= 1 (got -1)"),
+    ("sandbox.file_mb=0", "sandbox.file_mb must be a whole number >= 1 (got 0)"),
+    ("sandbox.max_processes=0", "sandbox.max_processes must be a whole number >= 1 (got 0)"),
+    ("sandbox.max_output_bytes=-1", "sandbox.max_output_bytes must be a whole number >= 1 (got -1)"),
+    ("sandbox.preload=[math,nump]", "sandbox.preload: there is no module named 'nump' to import into the sandbox "
+                                    "workers"),
+    ("sandbox.preload=[math,no_pkg.sub]", "sandbox.preload: there is no module named 'no_pkg.sub'"),
 ])
 def test_bad_values(entry, tmp_path, override, says):
     proc = entry.train("recipe=demo", override, f"output_dir={tmp_path}/runs")
@@ -182,6 +194,92 @@ def test_user_code_raising(entry, tmp_path, case, says):
     debug = entry.train(*args, f"output_dir={tmp_path}/runs", path=[tmp_path], env={"RLCORE_DEBUG": "1"})
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("rlcore: error:")
+
+
+# ------------------------------------------------------------------------- (d) tools (rlcore.rollout.tools)
+
+TOOL_RECIPE = '''
+from pathlib import Path
+from rlcore.cli import load_recipe
+from rlcore.rollout.tools import Toolbox, ToolEnv
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def no_doc(a: int) -> int:
+    return a
+
+
+def no_hint(a) -> int:
+    """Return a.
+
+    Args:
+        a: a number
+    """
+    return a
+
+
+class Tools(ToolEnv):
+    toolbox = Toolbox({tools}, format="{format}")
+
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    cfg.rollout.env = Tools
+    cfg.rollout.max_total_tokens = 16
+    cfg.data.chat_template = True
+    cfg.data.max_prompt_tokens = 40
+    return cfg
+'''
+NO_TOOLS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def no_tools_model(tmp_path_factory):
+    """A random tiny Qwen2 with a ChatML tokenizer (rlcore.tiny's) whose chat template does not show tools."""
+    from transformers import AutoModelForCausalLM
+
+    from rlcore.tiny import build_chat_tokenizer, tiny_config
+    path = tmp_path_factory.mktemp("no_tools") / "model"
+    tokenizer = build_chat_tokenizer(NO_TOOLS)
+    config = tiny_config()
+    config.vocab_size, config.bos_token_id, config.eos_token_id = 128, None, tokenizer.eos_token_id
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("tools, format, how, says", [
+    ("[add, 3]", "hermes", "recipe", "failed to run: ValueError: tool 1 (3) is not callable; tools need a type "
+                                     "hint on every argument and a Google-style docstring"),
+    ("[no_doc]", "hermes", "recipe", "failed to run: ValueError: tool 'no_doc' has no docstring; tools need"),
+    ("[no_hint]", "hermes", "recipe", "failed to run: ValueError: tool 'no_hint': argument 'a' has no type hint"),
+    ("[add, add]", "hermes", "recipe", "failed to run: ValueError: two tools are named 'add'; tool names must be "
+                                       "unique"),
+    ("[add, add]", "hermes", "rollout.env", "rollout.env '{file}:Tools': running '{file}' failed: ValueError: two "
+                                            "tools are named 'add'; tool names must be unique"),
+    ("[add]", "qwen", "recipe", "failed to run: ValueError: unknown tool-call format 'qwen'; valid: hermes, llama3, "
+                                "mistral"),
+    ("[add]", "hermes", "template", "the chat template of {model} does not render tools: tool 'add' is absent from a "
+                                    "prompt rendered with tools=; use the model's tool-calling template"),
+])
+def test_bad_tools(entry, tmp_path, demo_model, no_tools_model, tools, format, how, says):
+    file = tmp_path / "tool_recipe.py"
+    file.write_text(TOOL_RECIPE.format(root=ROOT, tools=tools, format=format))
+    args = {"recipe": [f"recipe={file}"], "template": [f"recipe={file}", f"model.path={no_tools_model}"],
+            "rollout.env": ["recipe=demo", f"rollout.env={file}:Tools"]}[how]
+    line = rejected(entry.train(*args, f"output_dir={tmp_path}/runs"), tmp_path / "runs")
+    assert says.format(file=file, model=no_tools_model) in line
+    assert how != "recipe" or line.startswith(f"rlcore: error: recipe '{file}' failed to run")
 
 
 # ------------------------------------------------------------------------------- (e) some ranks only

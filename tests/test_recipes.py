@@ -138,8 +138,8 @@ def test_tiny_recipes_are_valid_for_two_cpu_ranks(name):
 
 
 def test_every_recipe_loads():
-    assert {"demo", "demo_lora", "grpo", "grpo_lora", "grpo_moe", "ppo", "ppo_tiny", "reinforce_pp", "reinforce_pp_tiny"} <= set(
-        available_recipes(ROOT / "recipes"))
+    assert {"demo", "demo_lora", "grpo", "grpo_lora", "grpo_moe", "grpo_python_tool", "ppo", "ppo_tiny",
+            "reinforce_pp", "reinforce_pp_tiny"} <= set(available_recipes(ROOT / "recipes"))
     for name in available_recipes(ROOT / "recipes"):
         assert load_recipe(name, ROOT / "recipes").algorithm is not None
 
@@ -166,3 +166,67 @@ def test_tool_recipe_is_valid_and_its_calculator_answers():
     assert bad.observation[0]["content"].startswith("error: calculator raised ValueError: unsupported expression")
     assert not bad.done
     assert as_step(env.step("So the answer is\n#### 42", [])) == Step(None, 0.0, True) and env.stats.calls == 3
+
+
+# Qwen2.5-1.5B-Instruct's config.json (the shape only: written into a folder, no weights, no hub).
+QWEN25_15B_CONFIG = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True,
+                         max_position_embeddings=32768, architectures=["Qwen2ForCausalLM"])
+
+
+def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox(tmp_path):
+    """recipe=grpo_python_tool: grpo_tools' node and model with the sandboxed python tool (rlcore.rollout.tools).
+    Valid for 8 ranks and fits 8 x 80 GB by the launch plan of Qwen2.5-1.5B's shape; the prompt as startup renders
+    it through a chat template that shows tools (rlcore.tiny's Hermes one: the hub's Qwen2.5 template is not here)
+    carries the system prompt and the tool's schema; a call runs in the sandbox with the recipe's limits."""
+    import dataclasses
+    import json
+
+    import datasets
+
+    from rlcore import plan
+    from rlcore.cli import parse_argv
+    from rlcore.data import tokenize_prompts
+    from rlcore.rollout.env import Step, as_step
+    from rlcore.sandbox import GRACE_S, SandboxConfig, configure
+    from rlcore.tiny import build_chat_tokenizer
+    cfg = load_recipe("grpo_python_tool", ROOT / "recipes")
+    dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
+    dims.validate(QWEN25_15B["heads"], QWEN25_15B["kv_heads"])
+    validate(cfg, dims)
+    assert cfg.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and dims.rollout_groups == 4
+    assert cfg.data.max_prompt_tokens + cfg.rollout.max_total_tokens <= QWEN25_15B["context"]
+    toolbox = cfg.rollout.env.toolbox
+    assert toolbox.names == ["python"] and toolbox.format == "hermes" and cfg.data.chat_template
+    # 128 trajectories per rank, stepped in 8 threads, each with a sandbox worker of its own
+    assert cfg.rollout.prompts_per_step // 8 * cfg.rollout.group_size == 128
+    assert cfg.sandbox.workers == cfg.rollout.env_workers == 8
+    assert cfg.rollout.env_timeout_s >= 4 * (cfg.sandbox.timeout_s + GRACE_S)  # 4 programs at their limit a turn
+    # the limits reach the sandbox from the command line too
+    assert parse_argv(["recipe=grpo_python_tool", "sandbox.timeout_s=10"], ROOT / "recipes").sandbox.timeout_s == 10.0
+
+    (tmp_path / "config.json").write_text(json.dumps(QWEN25_15B_CONFIG))
+    p = plan.build(parse_argv(["recipe=grpo_python_tool", f"model.path={tmp_path}"], ROOT / "recipes"), 8, 1, 80)
+    assert p.fits, p.error()
+
+    tokenizer = build_chat_tokenizer()
+    toolbox.check_template(tokenizer, "tiny-hermes")
+    rows = datasets.Dataset.from_list([{"question": "Tom has 3 apples and buys 4 more. How many has he?"}])
+    data = dataclasses.replace(cfg.data, max_prompt_tokens=4096)  # one token per character here, not Qwen's
+    ids = tokenize_prompts(rows, data, tokenizer, "data.path", toolbox.schemas)[0]["prompt_ids"]
+    prompt = tokenizer.decode(ids)
+    assert prompt.startswith(f"<|im_start|>system\n{cfg.data.system_prompt}\n\n# Tools")
+    assert json.dumps(toolbox.schemas[0]) in prompt and prompt.endswith("more. How many has he?<|im_end|>\n"
+                                                                        "<|im_start|>assistant\n")
+
+    configure(cfg.sandbox)  # as the trainer does at startup
+    env = cfg.rollout.env({"question": "...", "answer": "#### 7"})
+    code = json.dumps("apples = 3 + 4\nprint(apples)")
+    call = f'<tool_call>\n{{"name": "python", "arguments": {{"code": {code}}}}}\n</tool_call>'
+    assert as_step(env.step(f"Let me count. {call}", [])) == Step([{"role": "tool", "name": "python",
+                                                                    "content": "7\n"}])
+    flood = as_step(env.step('<tool_call>{"name": "python", "arguments": {"code": "print(\\"7\\" * 5000)"}}'
+                             '</tool_call>', []))
+    assert flood.observation[0]["content"] == "7" * 1024 + "\n[output truncated]\n"  # 1 KiB kept
+    assert as_step(env.step("He has 7.\n#### 7", [])) == Step(None, 0.0, True) and env.stats.calls == 2
+    configure(SandboxConfig())

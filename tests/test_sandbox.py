@@ -6,6 +6,7 @@ root, no unshare) the tests that depend on them say which branch they check.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.sandbox import Sandbox, SandboxConfig
+from conftest import ROOT, train_cmd
+from rlcore.cli import parse_argv
+from rlcore.sandbox import Sandbox, SandboxConfig, configure, shared
 
 SECRET = "RLCORE_SANDBOX_TEST_SECRET"
 LIMITS = dict(timeout_s=1.5, cpu_s=5, memory_mb=256, file_mb=1, max_processes=16, max_output_bytes=1000,
@@ -51,13 +54,15 @@ def assert_usable(box: Sandbox) -> None:
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("timeout_s", 0, "sandbox.timeout_s must be a number of seconds > 0, got 0"),
-    ("cpu_s", -1.0, "sandbox.cpu_s must be a number of seconds > 0, got -1.0"),
-    ("memory_mb", 0, "sandbox.memory_mb must be a whole number >= 1, got 0"),
-    ("file_mb", 1.5, "sandbox.file_mb must be a whole number >= 1, got 1.5"),
-    ("max_processes", -3, "sandbox.max_processes must be a whole number >= 1, got -3"),
-    ("max_output_bytes", 0, "sandbox.max_output_bytes must be a whole number >= 1, got 0"),
-    ("workers", 0, "sandbox.workers must be a whole number >= 1, got 0"),
+    ("timeout_s", 0, "sandbox.timeout_s must be a finite number of seconds > 0 (got 0)"),
+    ("timeout_s", float("inf"), "sandbox.timeout_s must be a finite number of seconds > 0 (got inf)"),
+    ("cpu_s", -1.0, "sandbox.cpu_s must be a finite number of seconds > 0 (got -1.0)"),
+    ("memory_mb", 0, "sandbox.memory_mb must be a whole number >= 1 (got 0)"),
+    ("file_mb", 1.5, "sandbox.file_mb must be a whole number >= 1 (got 1.5)"),
+    ("max_processes", -3, "sandbox.max_processes must be a whole number >= 1 (got -3)"),
+    ("max_output_bytes", 0, "sandbox.max_output_bytes must be a whole number >= 1 (got 0)"),
+    ("workers", 0, "sandbox.workers must be a whole number >= 1 (got 0)"),
+    ("workers", True, "sandbox.workers must be a whole number >= 1 (got True)"),
 ])
 def test_bad_config(field, value, message):
     with pytest.raises(ValueError) as e:
@@ -249,3 +254,56 @@ def test_close_leaves_nothing():
     with pytest.raises(RuntimeError, match="the sandbox is closed"):
         sandbox.run("print(1)")
     sandbox.close()  # twice is fine
+
+
+def test_one_shared_sandbox_per_process_with_the_run_s_limits():
+    """rlcore.shared(): one pool per process, started on first use with the limits the run configured
+    (cfg.sandbox); other limits replace it, the same ones keep it."""
+    cfg = parse_argv(["recipe=demo", "sandbox.timeout_s=1", "sandbox.workers=1", "sandbox.preload=[math]"],
+                     ROOT / "recipes")
+    assert (cfg.sandbox.timeout_s, cfg.sandbox.workers, cfg.sandbox.preload) == (1.0, 1, ["math"])
+    configure(cfg.sandbox)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(shared())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    first = got[0]
+    assert all(s is first for s in got) and len(first._all) == 1  # started once, by one of the threads
+    r = first.run("while True: pass")
+    assert (r.status, r.exit_code) == ("timeout", -9) and 1.0 <= r.seconds < 3.0
+    configure(SandboxConfig(timeout_s=1, workers=1, preload=["math"]))  # equal limits: kept
+    assert shared() is first
+    configure(SandboxConfig(timeout_s=2, workers=1, preload=["math"]))
+    with pytest.raises(RuntimeError, match="the sandbox is closed"):
+        first.run("print(1)")
+    second = shared()
+    assert second is not first and second.config.timeout_s == 2 and second.run("print(1)").stdout == "1\n"
+    second.close()
+    assert shared() is not second  # closed (e.g. at exit of a run): the next call starts another
+    configure(SandboxConfig())  # closes it; later callers start one with the defaults
+
+
+GRADER = """
+from rlcore.sandbox import shared
+
+
+def sandboxed(prompts, completions, **_):
+    box = shared()
+    printed = box.run("print(6 * 7)").stdout
+    return [float(printed == "42\\n") + box.config.timeout_s + 10 * len(box.status["uid"]) for _ in prompts]
+"""
+
+
+@pytest.mark.slow
+def test_a_run_s_reward_function_gets_the_rank_s_sandbox_with_the_run_s_limits(tmp_path):
+    """launch/train.py on 2 ranks: a reward function calls shared(), and the sandbox it gets has the limits set on
+    the command line (the trainer configures it from cfg.sandbox)."""
+    (tmp_path / "grader.py").write_text(GRADER)
+    proc = train_cmd("recipe=demo", "train.steps=1", "data.eval_path=", "rollout.prompts_per_step=4",
+                     "rollout.group_size=4", f"rewards.0.fn={tmp_path}/grader.py:sandboxed", "sandbox.timeout_s=3",
+                     "sandbox.workers=1", f"output_dir={tmp_path}/runs", timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = json.loads((tmp_path / "runs" / "demo" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["reward/mean"] == 14.0  # 1 (it printed 42) + 3 (sandbox.timeout_s) + 10 x 1 (sandbox.workers)

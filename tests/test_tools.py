@@ -10,7 +10,7 @@ import pytest
 from rlcore.rollout.chat import check_prefix_preserving, observation_ids
 from rlcore.rollout.env import Step, as_step
 from rlcore.rollout.toolcall import PARSERS, ToolCall, parse_hermes, parse_llama3, parse_mistral
-from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, bad_tool_calls, tool_calls, tool_schema
+from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, bad_tool_calls, python, tool_calls, tool_schema
 from rlcore.tiny import build_chat_tokenizer
 
 
@@ -388,3 +388,49 @@ def test_tool_stats_reach_the_step_metrics(monkeypatch):
     del totals["tool/calls"], totals["tool/malformed"], totals["tool/unknown_tool"], totals["tool/bad_arguments"]
     del totals["tool/tool_raised"]
     assert not any(k.startswith("tool/") for k in collect.env_metrics(run, totals, n=8))  # no ToolEnv: no keys
+
+
+# ---- the sandboxed python tool ------------------------------------------------------------------------------
+
+@pytest.fixture
+def run_sandbox():
+    """The rank's shared sandbox with a run's limits, as the trainer configures it from cfg.sandbox."""
+    from rlcore.sandbox import SandboxConfig, configure
+    configure(SandboxConfig(timeout_s=1.5, cpu_s=5, memory_mb=256, max_output_bytes=300, workers=2))
+    yield
+    configure(SandboxConfig())  # closes it
+
+
+class Coder(ToolEnv):
+    toolbox = Toolbox([python], format="hermes")
+
+
+def test_python_tool_answers_with_what_the_model_should_read(run_sandbox):
+    assert python("print(12 * 4 - 6)") == "42\n"
+    assert python("x = 12 * 4 - 6") == "[no output: print() the values you want to see]"
+    error = python("print(1)\nprint(1 / 0)")
+    assert error.startswith('1\nTraceback (most recent call last):\n  File "<sandbox>", line 2, in <module>\n')
+    assert error.endswith("\nZeroDivisionError: division by zero\n")
+    assert python("import sys; sys.exit(3)") == "[exit code 3]"
+    # hostile programs: each answer is a readable observation, with no timings in it (rollouts reproduce)
+    assert python("print('start', flush=True)\nwhile True: pass") == "start\n[timeout: stopped after 1.5 s]"
+    assert python("x = bytearray(1024 ** 3)").endswith("MemoryError\n[memory: the program ran out of memory (256 MiB)]")
+    assert python("while True: print('y' * 10)") == ("y" * 10 + "\n") * 27 + "yyy" + "\n[output truncated]\n"
+    assert python("print(sum(range(10)))") == "45\n"  # and the sandbox goes on serving
+
+
+def test_python_tool_in_a_tool_env(run_sandbox):
+    """The schema the model sees, and a Hermes call whose code (a JSON string) holds newlines and quotes."""
+    assert Coder.toolbox.schemas == [{"type": "function", "function": {
+        "name": "python", "description": "Run a Python program and return what it printed; each call starts afresh, "
+                                         "so print() every value you need.",
+        "parameters": {"type": "object", "properties": {"code": {
+            "type": "string", "description": 'the whole program, e.g. "print(12 * 4 - 6)"'}}, "required": ["code"]},
+        "return": {"type": "string"}}}]
+    env = Coder({})
+    code = json.dumps("total = 0\nfor k in range(1, 5):\n    total += k\nprint(f'sum: {total}')")
+    step = as_step(env.step(f'<tool_call>\n{{"name": "python", "arguments": {{"code": {code}}}}}\n</tool_call>', []))
+    assert step == Step([{"role": "tool", "name": "python", "content": "sum: 10\n"}])
+    step = as_step(env.step('<tool_call>{"name": "python", "arguments": {"code": "while True: pass"}}</tool_call>', []))
+    assert step.observation[0]["content"] == "[timeout: stopped after 1.5 s]" and not step.done
+    assert env.stats == ToolStats(calls=2)  # a program that fails is an answer, not a bad call

@@ -189,7 +189,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     by every rank together, until every rank has its share or the algorithm's bound on rounds is spent."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     extra_draws = getattr(cfg.algorithm, "dynamic_sampling", 0)
-    need = cfg.rollout.prompts_per_step // run.dims.world_size * G  # sequences per rank
+    need = cfg.rollout.prompts_per_step // run.dims.generators * G  # sequences per rank
     kept: list[Batch] = []
     have = drawn_groups = kept_groups = 0
     r_sum = r_sq = r_n = 0.0

@@ -55,16 +55,23 @@ class SyncStats:
 
 
 class RolloutEngine:
-    def __init__(self, cfg: Config, max_model_len: int, kv_cache_bytes: int | None = None):
-        """kv_cache_bytes: the launch plan's KV budget per engine rank (CUDA); on CPU, rollout.cpu_kv_cache_gb."""
+    def __init__(self, cfg: Config, max_model_len: int, kv_cache_bytes: int | None = None, dormant: bool = False):
+        """kv_cache_bytes: the launch plan's KV budget per engine rank (CUDA); on CPU, rollout.cpu_kv_cache_gb.
+        dormant: a trainer rank's engine in a split mesh (rlcore/split.py), built only because vLLM's external
+        launcher needs every rank of the world: random ("dummy") weights, never read from disk, and on CUDA
+        put to sleep at once (level 2 frees its weights and KV cache). It never generates or syncs. On CPU it
+        keeps its KV cache: vLLM sizes the cache as the minimum over the world (uniproc_executor's
+        determine_available_memory), so a smaller one here would shrink the generating engines' too."""
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
+        self.version = 0  # the policy version whose weights the engine holds (0: model.path's)
         if not self.cuda and cfg.rollout.tensor_parallel > 1:
             remove_stale_cpu_shm()
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
         self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
-        self.sleep_mode = self.cuda and cfg.rollout.sleep_while_training
+        # Split mesh: a generating engine never makes room for training (its ranks do not train).
+        self.sleep_mode = self.cuda and (dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks)
         # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
         # first sync: B = 0 then, so the base alone is exactly the policy).
         self.lora = cfg.lora if cfg.lora.enabled and cfg.lora.sync == "adapter" else None
@@ -96,8 +103,11 @@ class RolloutEngine:
             # rewinds the request's generator for the discarded sample: "CPU Generator does not use offset").
             **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
                 max_model_len, 4096 * cfg.rollout.tensor_parallel)}),
+            **({"load_format": "dummy"} if dormant else {}),
             **lora_args,
         )
+        if dormant and self.sleep_mode:
+            self.llm.sleep(level=2)
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
         # puts it back itself). Real load failures still surface through the logprob check.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
@@ -191,20 +201,23 @@ class RolloutEngine:
         if self.lora:
             return self.sync_adapter(model)
         t0 = time.perf_counter()
+        stats = SyncStats(0.0, 0, 0)
+        self.load(checkpoint_weights(model, stats=stats, dtype=self.dtype, overlap=overlap))
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def load(self, weights) -> None:
+        """Reload the engine in place from an iterator of (checkpoint name, full tensor): the colocated sync's
+        FSDP2 stream, or in a split mesh the tensors received from the trainers (rlcore/split.py)."""
         if self.sleep_mode:
             self.llm.wake_up(tags=["weights"])
-        stats = SyncStats(0.0, 0, 0)
-        weights = checkpoint_weights(model, stats=stats, dtype=self.dtype, overlap=overlap)
-        self.llm.collective_rpc("reload_weights",
-                                kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.cuda:
             self.llm.apply_model(redo_cpu_weight_processing)
         # Cached prefixes hold KV computed with the old weights.
         self.llm.reset_prefix_cache()
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
-        stats.seconds = time.perf_counter() - t0
-        return stats
 
 
     def sync_adapter(self, model: torch.nn.Module) -> SyncStats:

@@ -31,6 +31,11 @@ through the model's chat template. A bad call is answered, never raised, and cou
                                          enclosed in double quotes, line 1 column 17)
 A turn without a call is the final answer: the episode ends.
 
+A ready-made tool, `python(code: str) -> str`, runs the model's program in the rank's sandbox
+(rlcore.sandbox.shared(), with the limits of the config's `sandbox` section) and answers with what the program
+printed, its traceback, or a line saying why it stopped: `[timeout: stopped after 5 s]`,
+`[memory: the program ran out of memory (512 MiB)]`, `[output truncated]`.
+
 Startup: `Toolbox(...)` checks the declarations and `check_template(tokenizer, model_path)` that the model's
 chat template renders the tools; prompts are rendered with `apply_chat_template(..., tools=toolbox.schemas)`
 (rlcore.preflight). The parsers of each family's call format are in rlcore.rollout.toolcall.
@@ -43,6 +48,7 @@ import json
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Callable
 
+from rlcore import sandbox
 from rlcore.errors import one_line
 from rlcore.rollout.env import Env, Step
 from rlcore.rollout.toolcall import PARSERS, ToolCall, json_type
@@ -229,6 +235,29 @@ def tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> l
 def bad_tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
     """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised), likewise."""
     return [float(env.stats.bad) for env in envs]
+
+
+def python(code: str) -> str:
+    """Run a Python program and return what it printed; each call starts afresh, so print() every value you need.
+
+    Args:
+        code: the whole program, e.g. "print(12 * 4 - 6)"
+    """
+    box = sandbox.shared()
+    result, limits = box.run(code), box.config
+    text = "".join(s if s.endswith("\n") else s + "\n" for s in (result.stdout, result.stderr) if s)
+    # What the model reads has no timings in it, so a rollout stays reproducible (rlcore.sandbox.Result.text
+    # shows the seconds). A truncated output already ends with "[output truncated]".
+    if result.status == "timeout":
+        text += (f"[timeout: stopped after {limits.cpu_s:g} s of CPU time]" if result.exit_code == -24 else
+                 f"[timeout: stopped after {limits.timeout_s:g} s]")
+    elif result.status == "memory":
+        text += f"[memory: the program ran out of memory ({limits.memory_mb} MiB)]"
+    elif result.status == "killed":
+        text += "[killed: the program was stopped by a signal]"
+    elif result.status == "error" and not result.stderr:
+        text += f"[exit code {result.exit_code}]"
+    return text or "[no output: print() the values you want to see]"
 
 
 class ToolEnv(Env):

@@ -1,0 +1,323 @@
+"""The split mesh: some ranks only generate, the others only train, overlapping, at most k versions apart.
+
+    torchrun --nproc-per-node 8 launch/train.py recipe=grpo rollout.ranks=4 rollout.max_staleness=1
+
+Ranks [0, R) run the engines (blocks of rollout.tensor_parallel ranks) and everything a rollout needs:
+prompts, environments, rewards, the held-out eval, the progress log (rank 0). Ranks [R, W) hold the models
+and train them with FSDP2 over their own process group. Every rank still builds an engine (vLLM's external
+launcher takes the whole world); a trainer rank's stays dormant (rlcore.rollout.engine). Each side runs the
+stages unchanged, its collectives scoped to its own ranks (rlcore.collectives.set_scope).
+
+The two sides meet only at exchanges, always in this order, so their collectives pair up without threads,
+locks or polling. Exchange t (after the trainers' optimizer step t):
+  1. weights: trainer rank R sends a header (version t, the step's metrics, its logprobs of a fixed probe
+     batch, or an error) and then the policy unit by unit in checkpoint format, as the colocated sync streams
+     it (one FSDP2 unit gathered at a time, one broadcast per dtype per unit over a group of rank R and the
+     rollout ranks: NCCL on GPU, gloo on CPU), into each engine's in-place reload. The engine now holds
+     version t; it scores the probe and compares with the trainer's (the drift alarm, exit 3 above
+     rollout.logprob_diff_threshold). Then the eval (when due), the progress line, the checkpoint (when due).
+  2. batch: every rank contributes to one all_gather_object over a gloo group: the rollout ranks their
+     scored share of batch t+1 (whole prompt groups, each row tagged with the version that sampled it) and
+     their errors or stop signals, the trainer ranks theirs. Trainer j takes the j-th slice of the batch.
+Exchange 0 is the batch part only (batch 1, and the probe). Batch b is sampled with version
+max(0, b - 1 - k): with k = 0 the engines wait for the new weights before sampling (on-policy, no overlap);
+with k >= 1 they sample batch t+1+k with version t while the trainers train on batch t+1. A batch is
+sampled whole by one version (an engine swaps weights only between its generation calls, never under a
+request in flight), so staleness is exact: the version the trainer steps from (t - 1 at step t) minus the
+batch's. The data order and the seeds are those of the colocated run (seeds from run seed, step, prompt).
+
+Off-policy samples (k >= 1): the update's old logprobs are the trainer's own under the weights it steps from
+(the proximal policy), the engine's are the behaviour policy's, and the loss is the decoupled PPO objective
+(AReaL): the clipped ratio pi / pi_old times the behaviour weight pi_old / pi_rollout truncated at
+algorithm.tis_cap (rlcore.objectives.tis_weights).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from rlcore import checkpoint, logprobs, models, update
+from rlcore.batch import Batch
+from rlcore.collectives import Preempted, RunError, all_max, all_sum, set_scope
+from rlcore.metrics import peak_memory_gb, reset_peak_memory
+from rlcore.parallel import device_type
+from rlcore.rollout.collect import collect, evaluate, pad_id
+from rlcore.weights import checkpoint_units
+
+if TYPE_CHECKING:
+    from rlcore.run import Run
+
+PROBE_ROWS = 4  # sequences of the first batch every transfer is checked on
+
+
+@dataclass
+class Link:
+    """The process groups of a split mesh, made on every rank in the same order (new_group is collective)."""
+    rollout: object  # ranks [0, R): the rollout side's own collectives
+    weights: object  # rank R and ranks [0, R): the transfer's broadcasts (the default backend: NCCL on GPU)
+    headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
+    objects: object  # every rank over gloo: batches, errors and stop signals
+    leader: int  # R, the first trainer rank: it sends the weights
+
+    @staticmethod
+    def make(rollout_ranks: int, world: int) -> Link:
+        side = list(range(rollout_ranks))
+        return Link(dist.new_group(side), dist.new_group(side + [rollout_ranks]),
+                    dist.new_group(side + [rollout_ranks], backend="gloo"),
+                    dist.new_group(list(range(world)), backend="gloo"), rollout_ranks)
+
+
+# ---- the two halves of an exchange -------------------------------------------------------------------------
+
+def send_weights(run: Run, link: Link, header: dict) -> tuple[float, int]:
+    """Trainer ranks (a collective over them, for the FSDP2 gathers); rank R broadcasts. Returns (seconds,
+    bytes). With an error in the header nothing follows it."""
+    t0, leader = time.perf_counter(), dist.get_rank() == link.leader
+    if leader:
+        dist.broadcast_object_list([header], src=link.leader, group=link.headers)
+    if header.get("error"):
+        return 0.0, 0
+    sent = 0
+    for unit in checkpoint_units(run.policy, dtype=run.engine.dtype):
+        if leader:
+            meta = [(name, tuple(t.shape), t.dtype) for name, t in unit.items()]
+            dist.broadcast_object_list([meta], src=link.leader, group=link.headers)
+            for flat in _flat_by_dtype(unit):
+                dist.broadcast(flat, src=link.leader, group=link.weights)
+                sent += flat.numel() * flat.element_size()
+    if leader:
+        dist.broadcast_object_list([None], src=link.leader, group=link.headers)
+    return time.perf_counter() - t0, sent
+
+
+def receive_weights(run: Run, link: Link) -> dict:
+    """Rollout ranks: the header, then (without an error) the weights, streamed into the engine's reload.
+    The engine's version becomes the header's."""
+    box = [None]
+    dist.broadcast_object_list(box, src=link.leader, group=link.headers)
+    header = box[0]
+    if header.get("error"):
+        return header
+    t0 = time.perf_counter()
+
+    def stream():
+        while True:
+            dist.broadcast_object_list(box, src=link.leader, group=link.headers)
+            if box[0] is None:
+                return
+            meta = box[0]
+            for dtype in sorted({d for _, _, d in meta}, key=str):
+                entries = [(n, s) for n, s, d in meta if d == dtype]
+                flat = torch.empty(sum(_numel(s) for _, s in entries), dtype=dtype, device=device_type())
+                dist.broadcast(flat, src=link.leader, group=link.weights)
+                offset = 0
+                for name, shape in entries:
+                    yield name, flat[offset:offset + _numel(shape)].view(shape)
+                    offset += _numel(shape)
+
+    weights = stream()
+    run.engine.load(weights)
+    for _ in weights:  # whatever the reload did not ask for: the broadcasts must still pair up
+        pass
+    run.engine.version = header["version"]
+    header["receive_s"] = time.perf_counter() - t0
+    return header
+
+
+def _flat_by_dtype(unit: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """One flat buffer per dtype, in the order `receive_weights` reads them (dtypes sorted by name)."""
+    dtypes = sorted({t.dtype for t in unit.values()}, key=str)
+    return [torch.cat([t.reshape(-1) for t in unit.values() if t.dtype == d]) for d in dtypes]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def exchange(link: Link, mine: dict) -> list[dict]:
+    """Every rank's message to every rank (a collective over the whole world, gloo)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine, group=link.objects)
+    return out
+
+
+def first_error(messages: list[dict]) -> str | None:
+    return next((m["error"] for m in messages if m and m.get("error")), None)
+
+
+# ---- the probe: the drift alarm across the groups ----------------------------------------------------------
+
+def probe_logprobs(run: Run, probe: list[list[int]]) -> list[list[float]]:
+    """Trainer ranks (FSDP2 forward, a collective): log p(seq[t] | seq[:t]), t >= 1, at temperature 1."""
+    L = max(len(s) for s in probe)
+    ids = torch.tensor([s + [pad_id(run.tokenizer)] * (L - len(s)) for s in probe], device=device_type())
+    mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in probe], device=device_type())
+    with torch.no_grad():
+        lp = models.token_logprobs(run.policy, ids, mask, 1.0, False, run.cfg.train.logprob_chunk_tokens)
+    return [lp[i, :len(s) - 1].float().cpu().tolist() for i, s in enumerate(probe)]
+
+
+def probe_gap(run: Run, probe: list[list[int]], expected: list[list[float]]) -> float:
+    """Rollout ranks: the largest |engine - trainer| logprob over the probe's tokens."""
+    got = run.engine.prompt_logprobs(probe)
+    return max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+
+
+# ---- the rollout side -------------------------------------------------------------------------------------
+
+def sampled_with(batch: int, k: int) -> int:
+    """The policy version that samples batch `batch` (1-based) at staleness k."""
+    return max(0, batch - 1 - k)
+
+
+def generate_side(run: Run, link: Link, report, stop, start: int = 0, state: dict | None = None) -> dict:
+    """Ranks [0, R): sample, score and hand over batches; receive weights; eval; log (rank 0)."""
+    cfg, k, steps = run.cfg, run.cfg.rollout.max_staleness, run.cfg.train.steps
+    ready: dict[int, tuple[Batch, dict]] = dict((state or {}).get("ready", {}))  # batch -> (share, metrics)
+    probe = (state or {}).get("probe")
+    summary: dict[str, float] = {}
+
+    def produce(b: int) -> None:
+        t = time.perf_counter()
+        reset_peak_memory()
+        batch, metrics = collect(run, b)
+        batch.versions = torch.full((len(batch),), run.engine.version, dtype=torch.long)
+        metrics |= {"time/rollout_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
+        ready[b] = (batch, metrics)
+
+    if start == 0 and run.eval_rows:
+        summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+        run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
+    next_batch = start + 1 + len(ready)
+    for t in range(start, steps + 1):
+        error = None
+        if t > 0:
+            header = receive_weights(run, link)
+            if header.get("error"):
+                raise RunError(header["error"])
+            if t > start:  # a resumed run re-receives the weights it checkpointed: logged already
+                gap = probe_gap(run, probe, header["probe"])
+                metrics = ready.pop(t)[1] | header["metrics"] | {"async/probe_logprob_diff_max": gap}
+                metrics["time/sync_s"] = header["receive_s"]
+                if gap > cfg.rollout.logprob_diff_threshold:
+                    error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
+                             f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
+                             f"holds other weights than the trainers sent (transfer failed)")
+                if error is None and run.eval_rows and (t % cfg.train.eval_every == 0 or t == steps):
+                    e0 = time.perf_counter()
+                    metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - e0}
+                run.logger.log(t, metrics)
+                summary |= metrics
+                report.add(metrics)
+        if error is None and t < steps:
+            while t + 1 not in ready:
+                produce(next_batch)
+                next_batch += 1
+        share = ready[t + 1][0] if error is None and t < steps else None
+        if run.group == 0 and run.tp_rank == 0 and probe is None and share is not None:
+            probe = [row[row_mask].tolist() for row, row_mask in
+                     zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
+        messages = exchange(link, {"batch": share, "error": error, "stop": stop.received,
+                                   "probe": probe if dist.get_rank() == 0 else None})
+        probe = messages[0]["probe"]
+        if first_error(messages):
+            raise RunError(first_error(messages))
+        if any(m["stop"] for m in messages):
+            raise Preempted(f"a signal after step {t}")
+        if t == steps:
+            break
+        # Sample ahead, up to k versions behind the weights just received.
+        while error is None and next_batch <= steps and sampled_with(next_batch, k) <= run.engine.version \
+                and next_batch not in ready:
+            produce(next_batch)
+            next_batch += 1
+    return summary
+
+
+# ---- the trainer side -------------------------------------------------------------------------------------
+
+def my_slice(run: Run, messages: list[dict]) -> Batch:
+    shares = [m["batch"] for m in messages[:run.dims.generators]]
+    whole = Batch.cat(shares, pad_id(run.tokenizer))
+    n = len(whole) // run.dims.trainers
+    j = dist.get_rank() - run.dims.rollout_ranks
+    return whole.rows(j * n, (j + 1) * n)
+
+
+def train_side(run: Run, link: Link, stop, start: int = 0, state: dict | None = None) -> None:
+    """Ranks [R, W): take batch t, train step t, send version t."""
+    cfg, steps = run.cfg, run.cfg.train.steps
+    k = cfg.rollout.max_staleness
+    batch, probe = (state or {}).get("batch"), (state or {}).get("probe")
+    if start == 0 or batch is None:
+        messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
+        if first_error(messages):
+            raise RunError(first_error(messages))
+        batch, probe = my_slice(run, messages), messages[0]["probe"]
+    if start > 0:  # resumed: the engines get the checkpointed weights first
+        send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
+    for t in range(start + 1, steps + 1):
+        error, metrics = None, {}
+        try:
+            metrics = train_step(run, batch, t, k)
+        except RunError as e:  # the rollout ranks must hear of it before every rank stops
+            error = str(e)
+        sync_s, sent = send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
+                                                "probe": probe_logprobs(run, probe) if error is None else None})
+        if error:
+            raise RunError(error)
+        messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
+        if first_error(messages):
+            raise RunError(first_error(messages))
+        if any(m["stop"] for m in messages):
+            raise Preempted(f"a signal after step {t}")
+        if t < steps:
+            batch = my_slice(run, messages)
+
+
+def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
+    """logprobs + update on the trainer ranks, with the staleness of the batch (versions behind t - 1)."""
+    t_step = time.perf_counter()
+    reset_peak_memory()
+    behind = (t - 1) - batch.versions
+    n, behind_sum = all_sum(len(batch), behind.sum().item())
+    behind_max = all_max(behind.max().item())
+    if behind_max > k:
+        raise RunError(f"step {t} got samples {behind_max:.0f} versions behind, more than "
+                       f"rollout.max_staleness={k}")
+    t0 = time.perf_counter()
+    # Off-policy (k >= 1) the engine's logprobs are an older policy's: no per-step equality to check; the
+    # probe after each transfer is the drift alarm.
+    check, advantage_metrics = logprobs.prepare(run, batch, t, None if k == 0 else float("inf"))
+    t_logprobs = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    metrics = advantage_metrics | update.update(run, batch, before_step=check)
+    t_train = time.perf_counter() - t0
+    metrics.pop("train/skipped")
+    length, tokens_all = all_sum(batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
+    metrics |= {"async/staleness_mean": behind_sum / n, "async/staleness_max": behind_max,
+                "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
+                **check.metrics(), "time/logprobs_s": t_logprobs, "time/train_s": t_train,
+                "time/step_s": time.perf_counter() - t_step, "throughput/train_tok_s": length / max(t_train, 1e-9),
+                "memory/train_peak_gb": all_max(peak_memory_gb())}
+    return metrics
+
+
+# ---- the run ----------------------------------------------------------------------------------------------
+
+def train(run: Run, report, stop) -> dict[str, float]:
+    """Both sides of the split loop; returns the summary on the rollout ranks ({} on the trainer ranks)."""
+    link = run.link
+    if run.dims.generates(dist.get_rank()):
+        set_scope(link.rollout)
+        return generate_side(run, link, report, stop)
+    set_scope(run.train_group)
+    train_side(run, link, stop)
+    return {}
