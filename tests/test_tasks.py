@@ -78,7 +78,8 @@ def test_tooladd_encoding_is_the_chat_templates():
     full = list(full["input_ids"] if hasattr(full, "keys") else full)
     assert ids[0].tolist() == full[:-1] and len(full) == 55  # the template's "\n" after the last turn is not sampled
     trained = tok.decode([t for t, m in zip(ids[0, 1:].tolist(), mask[0].tolist()) if m])
-    assert trained == '<tool_call>\n{"name": "add", "arguments": {"a": 47, "b": 38}}\n</tool_call><|im_end|>85<|im_end|>'
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 47, "b": 38}}\n</tool_call>'
+    assert trained == f"{call}<|im_end|>85<|im_end|>"
     obs = observation_ids(tok, [{"role": "tool", "name": "add", "content": "85"}])
     prompt = tooladd.prompt_ids(tok, "47+38=")
     assert full[len(prompt) + 11:len(prompt) + 11 + len(obs)] == obs  # after the 11-token call

@@ -1,6 +1,6 @@
 """Addition with a native tool call: the demo's problems asked as a chat, with an `add` tool in the Hermes format.
 
-    python -m rlcore.tasks.tooladd    # build once into $RLCORE_CACHE/tooladd-v1; prints the warm start
+    python -m rlcore.tasks.tooladd    # build once into $RLCORE_CACHE/tooladd-v2; prints the warm start
 
 The prompt is rlcore.tiny's Hermes chat template rendered with tools=: the system turn shows add's JSON schema,
 the user turn is the problem ("47+38="). The model answers directly ("85<|im_end|>") or calls the tool:
@@ -12,10 +12,10 @@ the user turn is the problem ("47+38="). The model answers directly ("85<|im_end
 The reward is arithmetic_exact on the last model turn; ToolEnv.stats count the calls.
 
 Tokens: a pure character tokenizer makes the prompt 550 tokens (the schema line alone is 300 characters), and
-the tiny model has a few dozen positions. Like BPE merges of frequent strings, the task's tokenizer adds one
-token per fixed line of the rendered conversation (the template's text, the schema, role headers, the call's
-JSON around its numbers), found by rendering a tool conversation: the prompt becomes 28 tokens and a whole
-tool-route conversation 55. Numbers and the problem stay character by character.
+rlcore.tiny's model has 64 positions (this task's, 96). Like BPE merges of frequent strings, the task's
+tokenizer adds one token per fixed line of the rendered conversation (the template's text, the schema, role
+headers, the call's JSON around its numbers), found by rendering a tool conversation: the prompt becomes 28
+tokens and a whole tool-route conversation 55. Numbers and the problem stay character by character.
 
 Warm start (one SFT from random init, like rlcore.tiny's and calculator.py's combined): LEARN_STEPS on right
 answers, then HABIT_STEPS on the correct / forgot-the-carry mixture (rlcore.tiny.SLOPPY), each step with
