@@ -226,6 +226,7 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
                              "eval/accuracy_start": summary["eval/accuracy_start"]}
             run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
         hand_over(0, None)
+    last = time.perf_counter()  # the wall time between two exchanges is a step of the split loop
     for t in range(start, steps + 1):
         if t > start:
             header = receive_weights(run, link)
@@ -246,6 +247,7 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
             elif run.eval_rows and (t % cfg.train.eval_every == 0 or t == steps):
                 t0 = time.perf_counter()
                 metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - t0}
+            metrics["time/wall_s"], last = time.perf_counter() - last, time.perf_counter()
             run.logger.log(t, metrics)
             summary |= metrics
             report.add(metrics)

@@ -33,6 +33,7 @@ class Summary:
     def __init__(self):
         self.steps: list[dict[str, float]] = []
         self.extra: dict[str, float] = {}  # eval before the first step, checkpoints: time outside step metrics
+        self.mesh = ""  # the layout's first line: which ranks generate, which train
 
     def add(self, metrics: dict[str, float]) -> None:
         self.steps.append(dict(metrics))
@@ -76,7 +77,16 @@ class Summary:
     def render(self, name: str, status: str) -> str:
         n, rows = len(self.steps), self.stages()
         last = self.steps[-1] if self.steps else {}
-        lines = [f"# rlcore run summary: {name}", "", f"status: {status}", f"steps run: {n}", ""]
+        lines = [f"# rlcore run summary: {name}", "", f"status: {status}", f"steps run: {n}"]
+        lines += [f"mesh: {self.mesh.removeprefix('rlcore: ')}", ""] if self.mesh else [""]
+        walls = [m for m in self.timed() if "time/wall_s" in m]
+        if walls:  # a split mesh (rlcore/split.py): the two sides overlap, each busy part of the wall time
+            wall = sum(m["time/wall_s"] for m in walls)
+            rollout = sum(m.get("time/rollout_s", 0.0) for m in walls) / wall
+            train = sum(m.get("time/step_s", 0.0) for m in walls) / wall
+            lines += [f"split: {wall / len(walls):.3f} s of wall time per step; rollout ranks busy {100 * rollout:.0f}% "
+                      f"(idle {100 * max(1 - rollout, 0):.0f}%), trainer ranks busy {100 * train:.0f}% (idle "
+                      f"{100 * max(1 - train, 0):.0f}%); the stage shares below are of the trainer's step", ""]
         if rows:
             lines += ["| stage | mean s/step | share | rate |", "|---|---:|---:|---:|"]
             lines += [f"| {stage} | {s:.3f} | {100 * share:.1f}% | {rate} |" for stage, s, share, rate in rows]

@@ -192,6 +192,8 @@ def train(cfg: Config) -> dict[str, float]:
     run = setup(cfg)
     stop = checkpoint.StopSignal()
     report, status = Summary(), "finished"
+    report.mesh = layout(cfg, run.dims, cfg.algorithm.needs_reference and not cfg.lora.enabled, needs_critic(cfg),
+                         len(run.reward_models))[0]
     try:
         summary = split.train(run, report, stop) if run.dims.split else colocated(run, report, stop)
         if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
