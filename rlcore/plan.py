@@ -297,7 +297,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
         if value not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)} (got '{value}')")
     world, cuda = nproc * nnodes, device == "cuda"
-    dims = ParallelDims(world, r.tensor_parallel)
+    dims = ParallelDims(world, r.tensor_parallel, r.ranks)
     dims.validate()
     validate(cfg, dims)
     actor = Shapes.from_config(read_config(m.path))
