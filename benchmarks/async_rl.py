@@ -238,7 +238,7 @@ def report(args, results: dict, params: int, write) -> None:
         lines.append(f"| {c} | {m['n']} | {m['sps']:.2f} | {m['wall']:.2f} | {m['gen']:.2f} ({m['gen_share']:.0%}) | "
                      f"{m['train']:.2f} ({m['train_share']:.0%}) | {m['rollout_idle']:.2f} | {m['trainer_wait']:.2f} | "
                      f"{m['sync']:.3f} | {m['gbps']:.2f} | {m['len_mean']:.0f} | {m['staleness']:.2f} | "
-                     f"{m['is_mean']:.3f} |")
+                     f"{m['is_mean']:.4f} |")
     ratios = []
     if "split k=0" in meds:
         for c in meds:
