@@ -195,6 +195,29 @@ def summarise(rows: list[dict], params: int) -> dict:
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# ---- on paper: 7B on 8 and 64 GPUs ---------------------------------------------------------------------------
+
+def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfer: dict[int, float],
+             phis: list[float]):
+    """Step seconds of colocated / split k=0 / split k=1 on W GPUs from a colocated step of gen + train +
+    sync_colocated[W] seconds (all W GPUs generate, then all train). Split with R engine GPUs: generation takes
+    gen x (phi x W / R + 1 - phi) (phi: the share of generation time that scales with the engines' count; the
+    rest is the long tail's latency, the same on any count), training train x W / (W - R) (linear FSDP), the
+    transfer transfer[W] on the critical path of both sides (rlcore's lockstep exchange). k=0: gen' + train' +
+    transfer; k=1: max(gen', train') + transfer. R is the best of 1..W-1 for each. -> rows."""
+    rows = []
+    for W, x in transfer.items():
+        colocated = gen + train + sync_colocated[W]
+        for phi in phis:
+            def split(R, k):
+                g, t = gen * (phi * W / R + 1 - phi), train * W / (W - R)
+                return (g + t if k == 0 else max(g, t)) + x
+            best = {k: min(range(1, W), key=lambda R: split(R, k)) for k in (0, 1)}
+            rows.append({"W": W, "phi": phi, "colocated": colocated, "transfer": x,
+                         **{f"k{k}": split(R, k) for k, R in best.items()}, **{f"R{k}": R for k, R in best.items()}})
+    return rows
+
+
 def main() -> None:
     from benchmarks.common import param_count, write_section
     from benchmarks.scaling import no_eos_model
@@ -209,7 +232,10 @@ def main() -> None:
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
+    parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
     args = parser.parse_args()
+    if args.on_paper:
+        return print_on_paper()
     args.model = no_eos_model(args.size)  # built outside the timed runs
     args.data = data_file((20, 200) if args.workload == "agent" else None)
     params = param_count(args.model)
@@ -227,6 +253,19 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results))
     report(args, results, params, write_section if args.write else None)
+
+
+def print_on_paper() -> None:
+    """The assumptions are RESULTS.md's ("on paper" section): a 100 s colocated 7B step, 60 % generation."""
+    gb = 15.2  # Qwen2.5-7B in bf16
+    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.62, 0.25])
+    print("| GPUs | phi (generation that scales with engines) | colocated s | split k=0 s (R) | split k=1 s (R) "
+          "| k=0 / colocated samples/s | k=1 / colocated samples/s | k=1 / k=0 samples/s | transfer s (GB/s) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['W']} | {r['phi']:.2f} | {r['colocated']:.1f} | {r['k0']:.1f} ({r['R0']}) | {r['k1']:.1f} ({r['R1']}) "
+              f"| x{r['colocated'] / r['k0']:.2f} | x{r['colocated'] / r['k1']:.2f} | x{r['k0'] / r['k1']:.2f} "
+              f"| {r['transfer']:.2f} ({gb / r['transfer']:.1f}) |")
 
 
 def report(args, results: dict, params: int, write) -> None:
