@@ -24,8 +24,8 @@ is pinned to one core (rank r to core r mod cores, every thread of it, as soon a
 Measured per run, from rank 0's metrics.jsonl, steps 3..N (1-2 are warm-up and the pipeline filling):
   step wall s       the time between two consecutive steps' log lines (this script polls the file): the
                     pipeline's period; samples/s = sequences per step / that
-  rollout idle      1 - time generating a batch (time/rollout_s split; time/generate_s + time/reward_s
-                    colocated) / step wall: the engine ranks' time not generating
+  rollout idle      1 - time making a batch (time/rollout_s split; time/generate_s + time/env_s +
+                    time/reward_s colocated) / step wall: the engine ranks' time not generating
   trainer wait      1 - (time/step_s + time/sync_s) / step wall: trainer ranks waiting for a batch
                     (colocated: the same, its rollout is what it waits through)
   sync s, GB/s      time/sync_s (split: the rollout ranks' receive + in-place reload; colocated: the sync),
@@ -98,7 +98,8 @@ def config():
         data=DataConfig(path=str(data_file()), prompt_column="prompt", max_prompt_tokens=16),
         rollout=RolloutConfig(tensor_parallel=1, group_size=8, prompts_per_step=len(TARGETS), max_new_tokens=tokens,
                               max_total_tokens=max(TARGETS) * (tokens + 1), temperature=1.0, cpu_kv_cache_gb=0.25,
-                              env=f"{Path(__file__).resolve()}:LengthEnv", env_workers=8),
+                              # one thread per trajectory: 64 tool calls at once on a rank, whatever the layout
+                              env=f"{Path(__file__).resolve()}:LengthEnv", env_workers=64),
         optim=OptimConfig(lr=1e-4, max_grad_norm=1.0),
         # Packed micro-batches: the update costs the batch's real tokens, not 64 rows x the longest.
         train=TrainConfig(steps=8, micro_batch_size=64, max_tokens_per_micro_batch=4096, eval_every=1000),
@@ -177,7 +178,7 @@ def summarise(rows: list[dict], params: int) -> dict:
     per = []
     for m in rows:
         wall = m["wall_s"]
-        making = m.get("time/rollout_s", m["time/generate_s"] + m.get("time/reward_s", 0.0))
+        making = m.get("time/rollout_s", m["time/generate_s"] + m.get("time/env_s", 0.0) + m.get("time/reward_s", 0.0))
         training = m["time/step_s"] if "time/rollout_s" in m else (
             m["time/logprobs_s"] + m["time/train_s"])
         per.append({"wall": wall, "sps": m["tokens/sequences"] / wall, "gen": making, "train": training,
@@ -233,9 +234,15 @@ def main() -> None:
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
     parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
+    parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
     args = parser.parse_args()
     if args.on_paper:
         return print_on_paper()
+    if args.report_from:
+        from benchmarks.common import param_count, write_section
+        from benchmarks.scaling import no_eos_model
+        results = json.loads(Path(args.report_from).read_text())
+        return report(args, results, param_count(no_eos_model(args.size)), write_section if args.write else None)
     args.model = no_eos_model(args.size)  # built outside the timed runs
     args.data = data_file((20, 200) if args.workload == "agent" else None)
     params = param_count(args.model)
@@ -258,7 +265,7 @@ def main() -> None:
 def print_on_paper() -> None:
     """The assumptions are RESULTS.md's ("on paper" section): a 100 s colocated 7B step, 60 % generation."""
     gb = 15.2  # Qwen2.5-7B in bf16
-    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.62, 0.25])
+    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.6, 0.25])
     print("| GPUs | phi (generation that scales with engines) | colocated s | split k=0 s (R) | split k=1 s (R) "
           "| k=0 / colocated samples/s | k=1 / colocated samples/s | k=1 / k=0 samples/s | transfer s (GB/s) |")
     print("|---|---|---|---|---|---|---|---|---|")
