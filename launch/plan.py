@@ -3,11 +3,13 @@
     python launch/plan.py recipe=grpo --nproc-per-node 8                    # this machine's GPU memory
     python launch/plan.py recipe=grpo --nproc-per-node 8 --gpu-memory-gb 80 rollout.tensor_parallel=1
     python launch/plan.py recipe=grpo --nproc-per-node 8 --nnodes 4 --gpu-memory-gb 80 model.path=/models/qwen-7b
+    python launch/plan.py recipe=grpo --nproc-per-node 8 --gpu-memory-gb 80 rollout.ranks=4  # split mesh
     python launch/plan.py recipe=demo --nproc-per-node 2                    # no GPU: against host memory
     python launch/plan.py recipe=grpo --help                                # and every config key of the recipe
 
 No process group, no GPU and no weights: model shapes come from each config.json (a local folder or the
-hub cache); formulas in rlcore/plan.py. The same plan from the training entry point:
+hub cache); formulas in rlcore/plan.py. A split mesh (rollout.ranks=R > 0) has a rollout bar (ranks [0, R))
+and a trainer bar (the other ranks) instead. The same plan from the training entry point:
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
 Exit codes: 0 the plan fits; 1 a bar does not fit (the last line names it and the levers); 2 bad input.
 """

@@ -47,10 +47,11 @@ class SaveError(RuntimeError):
     """A checkpoint or export could not be written (every rank raises it together)."""
 
 
-def _agree(error: str | None) -> None:
-    """Collective: if any rank failed, every rank raises SaveError with the first message."""
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+def _agree(error: str | None, group=None) -> None:
+    """Collective (over `group`, default the world): if any rank failed, every rank raises SaveError with the
+    first message."""
+    errors = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
     first = next((e for e in errors if e), None)
     if first:
         raise SaveError(first)
@@ -119,6 +120,12 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
         if saved[key] != meta[key]:
             raise ValueError(f"resume: checkpoint {path} was saved by a run with {field} '{saved[key]}', "
                              f"but this run has {field} '{meta[key]}'")
+    # A split mesh's checkpoint holds its batches in flight, sampled ahead by its staleness; a colocated one
+    # holds none. They do not convert into each other.
+    for key in ("rollout.ranks", "rollout.max_staleness"):
+        if saved["config"].get(key, 0) != meta["config"].get(key, 0):
+            raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key, 0)}, but this "
+                             f"run has {key}={meta['config'].get(key, 0)}; resume with the same layout")
     # A LoRA checkpoint holds adapters of one shape only (and a full one no adapters): they must match.
     for key in ("lora.enabled", "lora.rank", "lora.targets") if meta["config"].get("lora.enabled") or \
             saved["config"].get("lora.enabled") else ():
@@ -193,13 +200,15 @@ def write_model_files(model_path: str, tokenizer, dest: Path) -> None:
 
 
 def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, keep: int,
-         tokenizer) -> Path:
+         tokenizer, extra: dict | None = None, writer: int = 0) -> Path:
     """Collective: write checkpoints/step_<step> atomically and keep the newest `keep`. Any rank's
     failure (unwritable directory, full disk) raises SaveError on every rank; the temporary is
-    removed and earlier checkpoints are untouched."""
+    removed and earlier checkpoints are untouched. A split mesh (rlcore/split.py) passes each rank's
+    batches in flight as `extra` (into rank_<r>.pt), no prompt stream on the trainer ranks and no models on
+    the rollout ranks; `writer`, the first rank that trains, writes trainer.pt and the marker (rank 0 otherwise)."""
     rank, final, tmp = dist.get_rank(), root / f"step_{step}", root / f".step_{step}.tmp"
     error = None
-    if rank == 0:
+    if rank == writer:
         try:
             root.mkdir(parents=True, exist_ok=True)
             for stale in root.glob(".step_*.tmp"):  # left by a save that was cut short
@@ -212,15 +221,16 @@ def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, 
     try:
         try:
             dcp.save(_model_state(trained), checkpoint_id=tmp)
-            _write({"rng": rng_state(), "prompts": prompts.state_dict()}, tmp / f"rank_{rank}.pt")
-            if rank == 0:
+            _write({"rng": rng_state(), "prompts": prompts.state_dict() if prompts is not None else None,
+                    **(extra or {})}, tmp / f"rank_{rank}.pt")
+            if rank == writer:
                 _write({"schedulers": {n: s.state_dict() for n, (_, _, s) in trained.items()}, "loop": loop},
                        tmp / "trainer.pt")
                 write_model_files(meta["model_path"], tokenizer, tmp / "model_files")
         except Exception as e:  # an OSError, or DCP's wrapper around one
             error = f"cannot write checkpoint {final}: {_first_line(e)}"
         _agree(error)
-        if rank == 0:
+        if rank == writer:
             try:
                 marker = meta | {"step": step, "trained": sorted(trained), "seconds": time.perf_counter() - t0,
                                  "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -235,7 +245,7 @@ def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, 
                 error = f"cannot complete checkpoint {final}: {_first_line(e)}"
         _agree(error)
     except SaveError:
-        if rank == 0:
+        if rank == writer:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
@@ -277,11 +287,12 @@ def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str
     for name, (_, _, scheduler) in trained.items():
         scheduler.load_state_dict(common["schedulers"][name])
 
-    rank, world, groups = dist.get_rank(), dist.get_world_size(), prompts.groups
-    notes = []
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups, notes = saved["rollout_groups"] if prompts is None else prompts.groups, []
     if saved["world_size"] == world and saved["rollout_groups"] == groups:
         own = torch.load(path / f"rank_{rank}.pt", weights_only=False)
-        prompts.load_state_dict(own["prompts"])
+        if prompts is not None:
+            prompts.load_state_dict(own["prompts"])
         set_rng_state(own["rng"])
         return common["loop"], notes
     notes.append(f"resume: saved on {saved['world_size']} ranks, running on {world}: models and optimizers "

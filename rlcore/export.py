@@ -86,26 +86,27 @@ def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files
     checkpoint._replace(tmp, out)
 
 
-def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer, merged: bool = False) -> None:
-    """Collective: the trained model as an HF folder at `out` (written by rank 0). A LoRA model exports its
-    adapters as a PEFT folder at `out` (adapter_config.json + adapter_model.safetensors, fp32), and with
-    `merged` also the full merged model (W + (alpha/r) B A) as an HF folder at `out`_merged."""
-    error = None
+def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer, merged: bool = False,
+              group=None, writer: int = 0) -> None:
+    """Collective over the ranks that hold the model (`group`, default the world): the trained model as an HF
+    folder at `out`, written by rank `writer`. A LoRA model exports its adapters as a PEFT folder at `out`
+    (adapter_config.json + adapter_model.safetensors, fp32), and with `merged` also the full merged model
+    (W + (alpha/r) B A) as an HF folder at `out`_merged."""
+    error, writes = None, dist.get_rank() == writer
     if lora.has_lora(model):
         tensors = lora.adapter_tensors(model)  # collective: every rank gathers
-        if dist.get_rank() == 0:
+        if writes:
             error = _write_adapter(out, tensors, lora.peft_config(lora.config_of(model), model_path,
                                                                  lora.config_of(model).targets))
-        checkpoint._agree(error)
+        checkpoint._agree(error, group)
         if not merged:
             return
         out = out.with_name(f"{out.name}_merged")
     try:
-        write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path,
-                 writer=dist.get_rank() == 0)
+        write_hf(out, checkpoint_weights(model, master=True), None, tokenizer, model_path, writer=writes)
     except Exception as e:  # OSError, or the safetensors writer's own error type
         error = f"cannot write HF export {out}: {e}"
-    checkpoint._agree(error)
+    checkpoint._agree(error, group)
 
 
 def _write_adapter(out: Path, tensors: dict[str, torch.Tensor], config: dict) -> str | None:

@@ -7,33 +7,25 @@ Arithmetic on each model's config.json (a local folder or the hub cache): no pro
 weights. `build(cfg, nproc_per_node, nnodes, gpu_memory_gb) -> Plan` is the one call; `plan.fits`,
 `plan.levers` and `plan.error()` are what a launch-time check needs. Formulas, not a simulator.
 
-Notation: P parameters, W FSDP ranks (the world), k rollout TP degree, L layers, h hidden, I MLP width,
-V vocab, n_q / n_kv attention / key-value heads, d head_dim, T tokens of a micro-batch =
-micro_batch_size * (max_prompt_tokens + (max_total_tokens or max_new_tokens)) (rows are padded to that).
-b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else b_m); the engine
-runs in b_c. GB = 2**30 bytes.
+Notation: P parameters, W ranks (the world), S FSDP ranks (W; W - R in a split mesh), k rollout TP degree,
+L layers, h hidden, I MLP width, V vocab, n_q / n_kv attention / key-value heads, d head_dim, T tokens of a
+micro-batch = micro_batch_size * (max_prompt_tokens + (max_total_tokens or max_new_tokens)) (rows are
+padded to that). b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else
+b_m); the engine runs in b_c. GB = 2**30 bytes.
 
-Parameters (qwen2 / qwen3 / llama decoders: RMSNorm, SwiGLU MLP, grouped-query attention):
-  layer  = 2*h*n_q*d + 2*h*n_kv*d + 3*h*I + 2*h   [+ n_q*d + 2*n_kv*d qkv biases: qwen2, attention_bias]
-           [+ h o_proj bias: attention_bias]   [+ 2*d q/k norms: qwen3]
-  actor, reference   P = L*layer + V*h embedding + h final norm [+ V*h lm_head when not tied]
-  critic             P without the lm_head + h + 1 (value head, with bias)
-  LoRA adapters      A = L * r * sum over lora.targets of (in + out): q (h, n_q*d), k and v (h, n_kv*d),
-                     o (n_q*d, h), gate and up (h, I), down (I, h); other names count 0
-  reward model       P without the lm_head + h (score head, no bias)
+Parameters P per role, KV and activation bytes per token: rlcore/shapes.py.
 Train bar, bytes per GPU:
-  trained model  params b_m*P/W + grads b_m*P/W + AdamW m and v 2*b_m*P/W (torch keeps them in the param
-                 dtype: 16*P/W for float32)
-  frozen model   b_m*P/W; 0 with model.offload_frozen on CUDA
-  LoRA actor     base b_m*P/W (frozen) + adapters 4*A/W + their grads 4*A/W + AdamW 8*A/W (fp32); no
+  trained model  params b_m*P/S + grads b_m*P/S + AdamW m and v 2*b_m*P/S (torch keeps them in the param
+                 dtype: 16*P/S for float32)
+  frozen model   b_m*P/S; 0 with model.offload_frozen on CUDA
+  LoRA actor     base b_m*P/S (frozen) + adapters 4*A/S + their grads 4*A/S + AdamW 8*A/S (fp32); no
                  reference model (the reference is the actor with adapters off); gathered units hold no
                  root gradient (embedding and head are frozen) and one layer's adapter gradient 4*A/L
   gathered       the largest trained model: b_c*(root + 2*layer) + b_c*root + 4*layer, where
                  root = V*h (2*V*h untied) + h. The root unit stays gathered through forward and backward
                  with its unsharded gradient; two decoder layers are in flight (prefetch); one layer's
                  unsharded gradient is reduced in fp32
-  activations    T * b_c/2 * L*(10h + 4*n_kv*d + 8I) bytes without activation checkpointing,
-                 T * b_c/2 * (2h*L + 10h + 4*n_kv*d + 8I) with it (each layer's input kept, one layer live)
+  activations    T * the activation bytes per token (rlcore/shapes.py), with or without checkpointing
   logits         C * V * (b_c + 16), C = min(T, train.logprob_chunk_tokens) (T when 0): a chunk's logits in
                  b_c and four fp32 [C, V] tensors that
                  models.token_logprobs materialises (cast / temperature, log_softmax, exp for the entropy,
@@ -46,101 +38,38 @@ Generation bar, bytes per GPU:
                  b_c*P/k (+ with lora.sync=adapter one LoRA slot b_c*A'/k, A' = A at vLLM's max_lora_rank),
                  an overhead of ENGINE_OVERHEAD_GB (activation peak, CUDA graphs, NCCL) and
                  the KV cache in the rest; CPU: weights + cpu_kv_cache_gb
-  KV per token   2 (K and V) * L * max(1, n_kv/k) * d * b_c (vLLM shards KV heads over TP, replicating
-                 them when k > n_kv); sequences = KV tokens / (max_prompt_tokens + response tokens)
+  KV per token   in b_c (rlcore/shapes.py); sequences = KV tokens / (max_prompt_tokens + response tokens)
+Split mesh (rollout.ranks = R > 0, rlcore/split.py): a bar per kind of GPU instead of one per phase; the
+models shard over the S = W - R trainer ranks.
+  rollout bar    ranks [0, R): runtime (CPU) + the engine (it never sleeps) + the largest unit of the weight
+                 transfer received, b_c*max(root, layer) (a flat buffer outside the engine's budget); no models
+  trainer bar    ranks [R, W): the train bar over S ranks + the trainer's dormant engine: on CUDA 0 (dummy
+                 weights, put to sleep at level 2 once built, before the models load: weights and KV cache
+                 freed, CUDA graphs and runtime buffers moved to host memory; its CUDA context and NCCL
+                 buffers are within MARGIN), on CPU its weights and KV cache. Between steps rank R sends the
+                 weights with grads, gathered units, activations and logits freed; b_c*(2*root + layer) is in
+                 flight (a unit gathered and its cast copy or flat buffer, the next unit prefetched): the bar
+                 counts what of it exceeds the step's transient parts (0 unless the step's are smaller)
 A bar fits when it is at most (1 - MARGIN) * memory, and the KV cache holds one full sequence (vLLM
 refuses to start otherwise). On CPU the ranks of a node share the host: nproc_per_node * bar is compared
-with MemTotal. A lever is applied to a copy of the config and the plan rebuilt; levers rank by how much
+with MemTotal (split: a node's rollout and trainer ranks together, on the node where the bar's kind holds
+the most). A lever is applied to a copy of the config and the plan rebuilt; levers rank by how much
 of the bar's shortfall they remove.
 """
 from __future__ import annotations
 
 import copy
-import json
-import os
 from dataclasses import dataclass, field
 
 from rlcore.config import Config, validate
 from rlcore.parallel import ParallelDims
+from rlcore.shapes import Shapes, read_config
 
 GB = 2**30
 MARGIN = 0.10  # CUDA context, allocator fragmentation and NCCL buffers are not in the bars
 CPU_RUNTIME_GB = 1.0  # resident memory of a CPU rank before any model: imports 0.66 GB + vLLM's engine state
 ENGINE_OVERHEAD_GB = 2.0  # vLLM's profiled activation peak + CUDA graphs + context inside its budget (calibrate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-
-
-@dataclass
-class Shapes:
-    """What the formulas need from a config.json."""
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied: bool
-    qkv_bias: bool = False
-    o_bias: bool = False
-    qk_norm: bool = False
-
-    @classmethod
-    def from_config(cls, c: dict) -> Shapes:
-        h, heads = c["hidden_size"], c["num_attention_heads"]
-        bias = bool(c.get("attention_bias", False))
-        return cls(h, c["num_hidden_layers"], heads, c.get("num_key_value_heads") or heads,
-                   c.get("head_dim") or h // heads, c["intermediate_size"], c["vocab_size"],
-                   bool(c.get("tie_word_embeddings", False)), qkv_bias=bias or c.get("model_type") == "qwen2",
-                   o_bias=bias, qk_norm=c.get("model_type") == "qwen3")
-
-    @property
-    def layer(self) -> int:
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h + (q + 2 * kv) * self.qkv_bias
-                + h * self.o_bias + 2 * self.head_dim * self.qk_norm)
-
-    def adapter_params(self, rank: int, targets: list[str]) -> int:
-        """LoRA parameters over all layers: r * (in + out) for each adapted linear (rlcore/lora.py)."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        sides = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h, "gate_proj": h + i,
-                 "up_proj": h + i, "down_proj": i + h}
-        return self.layers * rank * sum(sides.get(t, 0) for t in set(targets))
-
-    @property
-    def root(self) -> int:  # the FSDP root unit: embedding, final norm, lm_head when untied
-        return self.vocab * self.hidden * (1 if self.tied else 2) + self.hidden
-
-    def params(self, role: str = "actor") -> int:
-        backbone = self.layers * self.layer + self.vocab * self.hidden + self.hidden
-        head = {"critic": self.hidden + 1, "reward": self.hidden}.get(role, 0 if self.tied else self.vocab * self.hidden)
-        return backbone + head
-
-    def kv_bytes_per_token(self, tp: int, dtype_bytes: int) -> int:
-        return 2 * self.layers * max(1, self.kv_heads // tp) * self.head_dim * dtype_bytes
-
-    def activation_bytes_per_token(self, checkpointing: bool, dtype_bytes: int) -> float:
-        one = 10 * self.hidden + 4 * self.kv_heads * self.head_dim + 8 * self.intermediate
-        return dtype_bytes / 2 * (2 * self.hidden * self.layers + one if checkpointing else self.layers * one)
-
-
-def read_config(path: str, field_: str = "model.path") -> dict:
-    """config.json of a local model folder, or of a hub id already in the hub cache (never the network)."""
-    local = os.path.join(os.path.expanduser(path), "config.json")
-    if not os.path.isfile(local):
-        local = None
-        if path and not path.startswith(("/", ".", "~")) and path.count("/") <= 1:
-            from huggingface_hub import try_to_load_from_cache
-            found = try_to_load_from_cache(path, "config.json")
-            local = found if isinstance(found, str) else None
-    if local is None:
-        raise ValueError(f"{field_} '{path}' has no config.json locally or in the hub cache; the plan reads "
-                         f"model shapes from there (download the model, or run the recipe's prepare first)")
-    try:
-        with open(local) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{field_} '{path}': config.json is not readable JSON ({e})") from None
 
 
 @dataclass
@@ -159,19 +88,24 @@ class Model:
 
 @dataclass
 class Bar:
-    name: str  # "train" | "generation"
+    name: str  # colocated: "train" | "generation" (two phases of every GPU); split: "rollout" | "trainer"
     parts: list[tuple[str, float]]  # (component, bytes per GPU or per rank)
     limit: float  # usable bytes: (1 - MARGIN) * memory
-    ranks_sharing: int = 1  # CPU: the ranks of a node share the host memory
+    ranks_sharing: int = 1  # CPU: the ranks of this bar on a node share the host memory
     kv_short: float = 0.0  # bytes the KV cache lacks for one full sequence
+    neighbours: tuple[int, float] = (0, 0.0)  # CPU, split: the other kind's ranks on the same host, their bytes
 
     @property
     def total(self) -> float:
         return sum(b for _, b in self.parts)
 
     @property
+    def used(self) -> float:  # bytes held per GPU, or per host on CPU
+        return self.total * self.ranks_sharing + self.neighbours[1]
+
+    @property
     def short(self) -> float:  # bytes to save before the bar fits; <= 0 when it fits
-        return max(self.total * self.ranks_sharing - self.limit, self.kv_short)
+        return max(self.used - self.limit, self.kv_short)
 
     @property
     def fits(self) -> bool:
@@ -186,8 +120,8 @@ class Plan:
     device: str  # cuda | cpu
     memory: float  # bytes per GPU (cuda) or of the host (cpu)
     models: list[Model]
-    train: Bar
-    generation: Bar
+    train: Bar  # split: the trainer ranks' bar
+    generation: Bar  # split: the rollout ranks' bar
     kv_per_token: int
     kv_tokens: int
     seq_len: int
@@ -204,17 +138,28 @@ class Plan:
         return self.nproc_per_node * self.nnodes
 
     @property
+    def split(self) -> bool:
+        return self.cfg.rollout.ranks > 0
+
+    @property
+    def bars(self) -> list[Bar]:  # in rank order
+        return [self.generation, self.train] if self.split else [self.train, self.generation]
+
+    def bar(self, name: str) -> Bar:
+        return next(b for b in self.bars if b.name == name)
+
+    @property
     def fits(self) -> bool:
-        return self.train.fits and self.generation.fits
+        return all(bar.fits for bar in self.bars)
 
     def error(self) -> str:
         """One line per failing bar: the bar, by how much, and the levers (empty when the plan fits)."""
         out = []
-        for bar in (self.train, self.generation):
+        for bar in self.bars:
             if bar.fits:
                 continue
-            over = bar.total * bar.ranks_sharing - bar.limit
-            what = [f"needs {bar.total * bar.ranks_sharing / GB:.1f} GB, {over / GB:.1f} GB over the "
+            over = bar.used - bar.limit
+            what = [f"needs {bar.used / GB:.1f} GB, {over / GB:.1f} GB over the "
                     f"{bar.limit / GB:.1f} GB usable"] if over > 0 else []
             what += [f"leaves the KV cache {bar.kv_short / GB:.2f} GB short of one {self.seq_len}-token "
                      f"sequence"] if bar.kv_short > 0 else []
@@ -226,50 +171,9 @@ class Plan:
         return "; ".join(out)
 
     def render(self) -> str:
-        cfg, w, k = self.cfg, self.world, self.cfg.rollout.tensor_parallel
-        unit = f"{self.device} GPU" if self.device == "cuda" else "CPU rank"
-        where = (f"{self.memory / GB:.1f} GB per GPU" if self.device == "cuda" else
-                 f"host memory {self.memory / GB:.1f} GB shared by {self.nproc_per_node} ranks")
-        groups = " ".join("[" + ",".join(map(str, range(g * k, g * k + k))) + "]" for g in range(w // k))
-        lines = [f"rlcore plan: {cfg.name} on {self.nnodes} node(s) x {self.nproc_per_node} {unit}s; {where}",
-                 f"mesh: world {w}; FSDP over ranks 0-{w - 1}; {w // k} rollout group(s) x tp={k}: {groups}"]
-        for role in ("actor", "critic", "reference"):
-            if role == "reference" and cfg.lora.enabled and cfg.algorithm.needs_reference:
-                lines.append(f"  {role:<9} the actor with its adapters off (LoRA): no copy")
-            elif role not in {m.role for m in self.models if m.role != "reward"}:
-                lines.append(f"  {role:<9} none")
-            for m in (m for m in self.models if m.role == role):
-                how = "trained, AdamW" if m.trained else "frozen" + (", offloaded to CPU" if m.offloaded else "")
-                if m.adapters:
-                    how = (f"base frozen; LoRA r={cfg.lora.rank} adapters trained, AdamW: {m.adapters:,} params "
-                           f"({100 * m.adapters / m.params:.2f}%)")
-                lines.append(f"  {role:<9} {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), {how}, "
-                             f"FSDP over {w} ranks ({m.shapes.layers} layer units + root)")
-        lines += [f"  {'reward':<9} model {m.path}: {m.params / 1e9:.3f}B params ({m.params:,}), frozen"
-                  + (", offloaded to CPU" if m.offloaded else "") for m in self.models if m.role == "reward"]
-        lines += [f"  {'reward':<9} function {s.fn if isinstance(s.fn, str) else getattr(s.fn, '__name__', s.fn)}"
-                  for s in cfg.rewards if s.fn]
-        for bar in (self.train, self.generation):
-            lines.append(f"{bar.name.upper()} bar per {'GPU' if self.device == 'cuda' else 'rank'}"
-                         + (f" (micro-batch {cfg.train.micro_batch_size} x {self.seq_len} = {self.micro_tokens} tokens)"
-                            if bar.name == "train" else ""))
-            lines += [f"  {name:<58} {b / GB:8.2f} GB" for name, b in bar.parts]
-            total = bar.total * bar.ranks_sharing
-            verdict = "fits" if bar.fits else f"DOES NOT FIT ({bar.short / GB:.1f} GB short)"
-            lines.append(f"  {'total' + (f' x {bar.ranks_sharing} ranks' if bar.ranks_sharing > 1 else ''):<58} "
-                         f"{total / GB:8.2f} GB  of {bar.limit / GB:.1f} usable: {verdict}")
-        what = (f"LoRA adapters only (lora.sync=adapter; {self.models[0].adapters:,} of "
-                f"{self.models[0].params:,} params)"
-                if cfg.lora.enabled and cfg.lora.sync == "adapter" else
-                "full weights, adapters merged (lora.sync=merged)" if cfg.lora.enabled else "full weights")
-        lines.append(f"SYNC per step: {self.sync_bytes / GB:.4f} GB per engine rank before its TP cut, {what}")
-        per_engine = cfg.rollout.prompts_per_step // (w // k) * cfg.rollout.group_size
-        lines.append(f"KV cache: {self.kv_per_token:,} B/token per TP rank; {self.kv_tokens:,} tokens fit = "
-                     f"{self.kv_tokens // self.seq_len:,} sequences of {self.seq_len} tokens "
-                     f"(a step samples {per_engine} per engine)")
-        if not self.fits:
-            lines.append(f"rlcore: does not fit: {self.error()}")
-        return "\n".join(lines)
+        """What plan=true and launch/plan.py print (rlcore/plan_render.py)."""
+        from rlcore.plan_render import render
+        return render(self)
 
 
 def host_memory() -> float:
@@ -286,7 +190,7 @@ def build(cfg: Config, nproc_per_node: int, nnodes: int = 1, gpu_memory_gb: floa
         device = "cuda" if torch.cuda.is_available() else "cpu"
         memory = torch.cuda.get_device_properties(0).total_memory if device == "cuda" else host_memory()
     plan = _build(cfg, nproc_per_node, nnodes, device, memory)
-    plan.levers = {bar.name: _levers(plan, bar.name) for bar in (plan.train, plan.generation) if not bar.fits}
+    plan.levers = {bar.name: _levers(plan, bar.name) for bar in plan.bars if not bar.fits}
     return plan
 
 
@@ -318,21 +222,21 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     b_c = DTYPE_BYTES.get(m.mixed_precision, b_m)
     seq = cfg.data.max_prompt_tokens + (r.max_total_tokens or r.max_new_tokens)
     tokens = t.micro_batch_size * seq
-    resident, grads = [], []  # grads are freed after each optimizer step: not in the generation bar
-    if not cuda:  # a CPU rank's own process: interpreter, torch, transformers and vLLM code and their state
-        resident.append((f"process runtime (python, torch, vLLM; measured)", CPU_RUNTIME_GB * GB))
+    # A CPU rank's own process: interpreter, torch, transformers and vLLM code and their state.
+    runtime = [] if cuda else [("process runtime (python, torch, vLLM; measured)", CPU_RUNTIME_GB * GB)]
+    resident, grads, shards = [], [], dims.trainers  # grads are freed after each optimizer step
     for x in models:
         if x.adapters:
-            resident += [(f"{x.role} base params, frozen ({m.dtype}, /{world})", b_m * x.params / world),
-                         (f"{x.role} LoRA adapters (float32, /{world})", 4 * x.adapters / world),
-                         (f"{x.role} AdamW m + v of the adapters (float32, /{world})", 8 * x.adapters / world)]
-            grads.append((f"{x.role} adapter grads (float32, /{world})", 4 * x.adapters / world))
+            resident += [(f"{x.role} base params, frozen ({m.dtype}, /{shards})", b_m * x.params / shards),
+                         (f"{x.role} LoRA adapters (float32, /{shards})", 4 * x.adapters / shards),
+                         (f"{x.role} AdamW m + v of the adapters (float32, /{shards})", 8 * x.adapters / shards)]
+            grads.append((f"{x.role} adapter grads (float32, /{shards})", 4 * x.adapters / shards))
         elif x.trained:
-            resident += [(f"{x.role} params ({m.dtype}, /{world})", b_m * x.params / world),
-                         (f"{x.role} AdamW m + v ({m.dtype}, /{world})", 2 * b_m * x.params / world)]
-            grads.append((f"{x.role} grads ({m.dtype}, /{world})", b_m * x.params / world))
+            resident += [(f"{x.role} params ({m.dtype}, /{shards})", b_m * x.params / shards),
+                         (f"{x.role} AdamW m + v ({m.dtype}, /{shards})", 2 * b_m * x.params / shards)]
+            grads.append((f"{x.role} grads ({m.dtype}, /{shards})", b_m * x.params / shards))
         elif not x.offloaded:
-            resident.append((f"{x.role} params, frozen ({m.dtype}, /{world})", b_m * x.params / world))
+            resident.append((f"{x.role} params, frozen ({m.dtype}, /{shards})", b_m * x.params / shards))
     big = max((x for x in models if x.trained), key=lambda x: x.params).shapes
     gathered = b_c * (2 * big.root + 2 * big.layer) + 4 * big.layer
     if adapters:  # LoRA (no critic): no root gradient, one layer's adapter gradient
@@ -356,26 +260,51 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
         kv = r.cpu_kv_cache_gb * GB
         engine = [(f"engine weights (/tp {r.tensor_parallel})", weights),
                   (f"engine KV cache (rollout.cpu_kv_cache_gb={r.cpu_kv_cache_gb:g})", kv)]
-    asleep = cuda and r.sleep_while_training
-    train = Bar("train", resident + grads + [
-        (f"gathered units (root + 2 layers) + unsharded grads", gathered),
+    step = grads + [
+        ("gathered units (root + 2 layers) + unsharded grads", gathered),
         (f"activations (checkpointing {'on' if m.activation_checkpointing else 'off'}; "
          f"{tokens * other / GB:.1f} GB {'off' if m.activation_checkpointing else 'on'})", tokens * act),
         (f"logits + fp32 log-softmax copies [{rows}, {actor.vocab}]"
          + (f" (chunks of train.logprob_chunk_tokens={t.logprob_chunk_tokens})" if rows < tokens else ""),
          rows * actor.vocab * (b_c + 16)),
-    ] + ([] if asleep else engine), (1 - MARGIN) * memory, 1 if cuda else nproc)
-    generation = Bar("generation", resident + engine, (1 - MARGIN) * memory, 1 if cuda else nproc,
-                     kv_short=seq * kv_per_token - kv)
+    ]
+    limit, sharing, kv_short = (1 - MARGIN) * memory, 1 if cuda else nproc, seq * kv_per_token - kv
+    if not dims.split:
+        asleep = cuda and r.sleep_while_training
+        train = Bar("train", runtime + resident + step + ([] if asleep else engine), limit, sharing)
+        generation = Bar("generation", runtime + resident + engine, limit, sharing, kv_short=kv_short)
+    else:
+        unit = b_c * max(actor.root, actor.layer)  # the root unit unless the vocabulary is tiny
+        generation = Bar("rollout", runtime + engine + [
+            ("weight transfer: its largest unit received", unit)], limit, kv_short=kv_short)
+        send = b_c * (2 * actor.root + actor.layer)
+        freed = sum(b for _, b in step)  # by the time rank R sends the weights
+        dormant = [("dormant engine, asleep (level 2: weights, KV cache freed)", 0.0)] if cuda else \
+            [(f"dormant {name}", b) for name, b in engine]
+        train = Bar("trainer", runtime + resident + step + [
+            (f"weight send (rank {r.ranks}): {send / GB:.2f} in flight after the step frees {freed / GB:.2f}",
+             max(0.0, send - freed))] + dormant, limit)
+        if not cuda:
+            _share_host(generation, train, r.ranks, nproc, nnodes)
     return Plan(cfg, nproc, nnodes, device, memory, models, train, generation, kv_per_token,
                 max(0, int(kv // kv_per_token)), seq, tokens, sync_bytes=sync)
+
+
+def _share_host(rollout: Bar, trainer: Bar, ranks: int, nproc: int, nnodes: int) -> None:
+    """CPU, split mesh: a host holds its node's rollout ranks and trainer ranks together. Each bar is checked
+    on the node where the host holds the most among those with ranks of its kind."""
+    nodes = [(g, nproc - g) for g in (min(max(ranks - n * nproc, 0), nproc) for n in range(nnodes))]
+    for bar, other, mine in ((rollout, trainer, 0), (trainer, rollout, 1)):
+        ours, theirs = max(((c[mine], c[1 - mine]) for c in nodes if c[mine]),
+                           key=lambda c: c[0] * bar.total + c[1] * other.total)
+        bar.ranks_sharing, bar.neighbours = ours, (theirs, theirs * other.total)
 
 
 def _levers(plan: Plan, bar: str) -> list[tuple[str, float, bool]]:
     """Up to three (lever, bytes saved, then fits), the most saving first. Each lever tries its settings in
     order and keeps the first that makes the bar fit, else the one that saves most."""
     cfg, m, r = plan.cfg, plan.cfg.model, plan.cfg.rollout
-    cuda, before = plan.device == "cuda", getattr(plan, bar).short
+    cuda, before = plan.device == "cuda", plan.bar(bar).short
     frozen = any(not x.trained for x in plan.models)
     ladders = {
         "train.logprob_chunk_tokens": [1024] if not cfg.train.logprob_chunk_tokens else [],
@@ -390,6 +319,7 @@ def _levers(plan: Plan, bar: str) -> list[tuple[str, float, bool]]:
         "rollout.gpu_memory_utilization": sorted((i / 20 for i in range(1, 20)
                                                   if abs(i / 20 - r.gpu_memory_utilization) > 1e-9),
                                                  key=lambda v: abs(v - r.gpu_memory_utilization)) if cuda else [],
+        "rollout.ranks": list(range(r.ranks - r.tensor_parallel, 0, -r.tensor_parallel)),  # more trainers
         "--nnodes": [plan.nnodes << i for i in range(1, 4)],
     }
     found = []
@@ -403,7 +333,7 @@ def _levers(plan: Plan, bar: str) -> list[tuple[str, float, bool]]:
                 section, name = key.split(".")
                 setattr(getattr(changed, section), name, value)
             try:
-                after = getattr(_build(changed, plan.nproc_per_node, nnodes, plan.device, plan.memory), bar)
+                after = _build(changed, plan.nproc_per_node, nnodes, plan.device, plan.memory).bar(bar)
             except ValueError:  # not a valid setting for this model or mesh
                 continue
             label = f"--nnodes {value}" if key == "--nnodes" else f"{key}={str(value).lower()}"

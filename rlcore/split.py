@@ -102,7 +102,7 @@ def receive_weights(run: Run, link: Link) -> dict:
     header = box[0]
     if header.get("error"):
         return header
-    t0 = time.perf_counter()
+    t0, received = time.perf_counter(), [0]
 
     def stream():
         while True:
@@ -114,6 +114,7 @@ def receive_weights(run: Run, link: Link) -> dict:
                 entries = [(n, s) for n, s, d in meta if d == dtype]
                 flat = torch.empty(sum(_numel(s) for _, s in entries), dtype=dtype, device=device_type())
                 dist.broadcast(flat, src=link.leader, group=link.weights)
+                received[0] += flat.numel() * flat.element_size()
                 offset = 0
                 for name, shape in entries:
                     yield name, flat[offset:offset + _numel(shape)].view(shape)
@@ -124,7 +125,7 @@ def receive_weights(run: Run, link: Link) -> dict:
     for _ in weights:  # whatever the reload did not ask for: the broadcasts must still pair up
         pass
     run.engine.version = header["version"]
-    header["receive_s"] = time.perf_counter() - t0
+    header["receive_s"], header["receive_bytes"] = time.perf_counter() - t0, received[0]
     return header
 
 
@@ -177,12 +178,12 @@ def sampled_with(batch: int, k: int) -> int:
     return max(0, batch - 1 - k)
 
 
-def generate_side(run: Run, link: Link, report, stop, start: int = 0, state: dict | None = None) -> dict:
+def generate_side(run: Run, link: Link, report, stop) -> dict:
     """Ranks [0, R): sample, score and hand over batches; receive weights; eval; log (rank 0)."""
     cfg, k, steps = run.cfg, run.cfg.rollout.max_staleness, run.cfg.train.steps
-    ready: dict[int, tuple[Batch, dict]] = dict((state or {}).get("ready", {}))  # batch -> (share, metrics)
-    probe = (state or {}).get("probe")
+    ready: dict[int, tuple[Batch, dict]] = {}  # batch -> (this rank's scored share, its metrics)
     summary: dict[str, float] = {}
+    start, probe = 0, None
 
     def produce(b: int) -> None:
         t = time.perf_counter()
@@ -192,53 +193,94 @@ def generate_side(run: Run, link: Link, report, stop, start: int = 0, state: dic
         metrics |= {"time/rollout_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
         ready[b] = (batch, metrics)
 
-    if start == 0 and run.eval_rows:
-        summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
-        run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
-    next_batch = start + 1 + len(ready)
-    for t in range(start, steps + 1):
-        error = None
-        if t > 0:
-            header = receive_weights(run, link)
-            if header.get("error"):
-                raise RunError(header["error"])
-            if t > start:  # a resumed run re-receives the weights it checkpointed: logged already
-                gap = probe_gap(run, probe, header["probe"])
-                metrics = ready.pop(t)[1] | header["metrics"] | {"async/probe_logprob_diff_max": gap}
-                metrics["time/sync_s"] = header["receive_s"]
-                if gap > cfg.rollout.logprob_diff_threshold:
-                    error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
-                             f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
-                             f"holds other weights than the trainers sent (transfer failed)")
-                if error is None and run.eval_rows and (t % cfg.train.eval_every == 0 or t == steps):
-                    e0 = time.perf_counter()
-                    metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - e0}
-                run.logger.log(t, metrics)
-                summary |= metrics
-                report.add(metrics)
-        if error is None and t < steps:
-            while t + 1 not in ready:
-                produce(next_batch)
-                next_batch += 1
+    def hand_over(t: int, error: str | None) -> None:
+        """The batch half of exchange t: batch t+1 to the trainers (None after the last step), then the
+        checkpoint when due or asked for."""
+        nonlocal probe
+        if error is None and t < steps and t + 1 not in ready:
+            produce(t + 1)  # k = 0: sampled with the weights just received
         share = ready[t + 1][0] if error is None and t < steps else None
-        if run.group == 0 and run.tp_rank == 0 and probe is None and share is not None:
-            probe = [row[row_mask].tolist() for row, row_mask in
+        if t == 0 and dist.get_rank() == 0:
+            probe = [row[keep].tolist() for row, keep in
                      zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
-        messages = exchange(link, {"batch": share, "error": error, "stop": stop.received,
-                                   "probe": probe if dist.get_rank() == 0 else None})
+        messages = exchange(link, {"batch": share, "error": error, "stop": stop.received, "probe": probe})
         probe = messages[0]["probe"]
         if first_error(messages):
             raise RunError(first_error(messages))
-        if any(m["stop"] for m in messages):
-            raise Preempted(f"a signal after step {t}")
-        if t == steps:
-            break
-        # Sample ahead, up to k versions behind the weights just received.
-        while error is None and next_batch <= steps and sampled_with(next_batch, k) <= run.engine.version \
-                and next_batch not in ready:
-            produce(next_batch)
-            next_batch += 1
+        stopping = any(m["stop"] for m in messages)
+        if t > 0 and (stopping or saves(cfg, t)):
+            later = {b: v for b, v in ready.items() if b > t}  # not yet logged (batch t+1 is with the trainers)
+            run.logger.print(save(run, t, {"ready": later, "probe": probe, "summary": summary}))
+        if stopping:
+            raise Preempted(f"a signal after step {t}; checkpoint written; continue with resume=auto")
+
+    if run.resume_from is not None:
+        start, state = resume(run)
+        ready, probe, summary = state["ready"], state["probe"], state["summary"]
+        receive_weights(run, link)  # the checkpointed weights (logged already)
+    else:
+        if run.eval_rows:
+            t0 = time.perf_counter()
+            summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
+            report.extra |= {"time/eval_s": time.perf_counter() - t0,
+                             "eval/accuracy_start": summary["eval/accuracy_start"]}
+            run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
+        hand_over(0, None)
+    for t in range(start, steps + 1):
+        if t > start:
+            header = receive_weights(run, link)
+            if header.get("error"):
+                raise RunError(header["error"])
+            gap, error = probe_gap(run, probe, header["probe"]), None
+            sync_s, sync_gb = header["receive_s"], header["receive_bytes"] / 1e9
+            metrics = ready.pop(t)[1] | header["metrics"] | {
+                "async/probe_logprob_diff_max": gap, "async/engine_version": run.engine.version,
+                "time/sync_s": sync_s, "sync/gb": sync_gb, "throughput/sync_gb_s": sync_gb / max(sync_s, 1e-9)}
+            if run.plan is not None:  # the rollout and trainer bars, beside each side's measured peak
+                metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
+                            "memory/plan_train_gb": run.plan.train.total / 2**30}
+            if gap > cfg.rollout.logprob_diff_threshold:
+                error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
+                         f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
+                         f"holds other weights than the trainers sent (transfer failed)")
+            elif run.eval_rows and (t % cfg.train.eval_every == 0 or t == steps):
+                t0 = time.perf_counter()
+                metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - t0}
+            run.logger.log(t, metrics)
+            summary |= metrics
+            report.add(metrics)
+            hand_over(t, error)
+        # Sample ahead, at most k versions behind the weights the engine holds.
+        b = max(ready, default=t + 1) + 1
+        while b <= steps and sampled_with(b, k) <= run.engine.version:
+            produce(b)
+            b += 1
     return summary
+
+
+def saves(cfg, t: int) -> bool:
+    return t == cfg.train.steps or bool(cfg.train.save_every and t % cfg.train.save_every == 0)
+
+
+def save(run: Run, t: int, state: dict) -> str:
+    """Collective over every rank at the batch half of exchange t: the trainers' models, optimizers and
+    schedulers (DCP), each rank's RNG and its batches in flight (`state`), the rollout ranks' prompt streams."""
+    t0 = time.perf_counter()
+    trains = run.dims.trains(dist.get_rank())
+    path = checkpoint.save(run.run_dir / "checkpoints", t, run.trained_models() if trains else {}, run.prompts,
+                           {"step": t}, run.meta, run.cfg.train.keep_checkpoints, run.tokenizer,
+                           extra={"split": state}, writer=run.dims.rollout_ranks)
+    return f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
+
+
+def resume(run: Run) -> tuple[int, dict]:
+    """-> (the step the checkpoint was saved after, this rank's state in flight)."""
+    trains = run.dims.trains(dist.get_rank())
+    loop, notes = checkpoint.load(run.resume_from, run.trained_models() if trains else {}, run.prompts, run.group)
+    for line in notes:
+        run.logger.print(line)
+    own = torch.load(run.resume_from / f"rank_{dist.get_rank()}.pt", weights_only=False)
+    return loop["step"], own["split"]
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------
@@ -251,35 +293,56 @@ def my_slice(run: Run, messages: list[dict]) -> Batch:
     return whole.rows(j * n, (j + 1) * n)
 
 
-def train_side(run: Run, link: Link, stop, start: int = 0, state: dict | None = None) -> None:
+def train_side(run: Run, link: Link, stop) -> None:
     """Ranks [R, W): take batch t, train step t, send version t."""
     cfg, steps = run.cfg, run.cfg.train.steps
-    k = cfg.rollout.max_staleness
-    batch, probe = (state or {}).get("batch"), (state or {}).get("probe")
-    if start == 0 or batch is None:
+    k, in_a_row = cfg.rollout.max_staleness, 0
+
+    def take(t: int) -> Batch | None:
+        """The batch half of exchange t: this rank's slice of batch t+1, and the checkpoint when due."""
+        nonlocal probe
         messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
         if first_error(messages):
             raise RunError(first_error(messages))
-        batch, probe = my_slice(run, messages), messages[0]["probe"]
-    if start > 0:  # resumed: the engines get the checkpointed weights first
+        probe = messages[0]["probe"]
+        batch = my_slice(run, messages) if t < steps else None
+        stopping = any(m["stop"] for m in messages)
+        if t > 0 and (stopping or saves(cfg, t)):
+            save(run, t, {"batch": batch, "probe": probe})
+        if stopping:
+            raise Preempted(f"a signal after step {t}; checkpoint written; continue with resume=auto")
+        return batch
+
+    if run.resume_from is not None:
+        start, state = resume(run)
+        batch, probe = state["batch"], state["probe"]
         send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
+    else:
+        start, probe = 0, None
+        batch = take(0)
+    skipped = 0
     for t in range(start + 1, steps + 1):
         error, metrics = None, {}
         try:
             metrics = train_step(run, batch, t, k)
+            in_a_row = in_a_row + 1 if metrics.pop("train/skipped") else 0
+            skipped += in_a_row > 0
+            metrics["train/skipped_steps"] = skipped
+            if in_a_row >= cfg.train.max_skipped_steps:
+                raise RunError(f"{in_a_row} steps in a row had a non-finite loss or gradient (train.max_skipped_steps="
+                               f"{cfg.train.max_skipped_steps}); stopped at step {t} with the weights of the last "
+                               f"finite step")
         except RunError as e:  # the rollout ranks must hear of it before every rank stops
             error = str(e)
-        sync_s, sent = send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
-                                                "probe": probe_logprobs(run, probe) if error is None else None})
+        send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
+                                 "probe": probe_logprobs(run, probe) if error is None else None})
         if error:
             raise RunError(error)
-        messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
-        if first_error(messages):
-            raise RunError(first_error(messages))
-        if any(m["stop"] for m in messages):
-            raise Preempted(f"a signal after step {t}")
-        if t < steps:
-            batch = my_slice(run, messages)
+        batch = take(t)
+        if t == steps or (cfg.train.export_every and t % cfg.train.export_every == 0):
+            from rlcore import export
+            export.export_hf(run.run_dir / "hf" / f"step_{t}", run.policy, cfg.model.path, run.tokenizer,
+                             merged=cfg.lora.export_merged, group=run.train_group, writer=run.dims.rollout_ranks)
 
 
 def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
@@ -300,7 +363,6 @@ def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
     t0 = time.perf_counter()
     metrics = advantage_metrics | update.update(run, batch, before_step=check)
     t_train = time.perf_counter() - t0
-    metrics.pop("train/skipped")
     length, tokens_all = all_sum(batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {"async/staleness_mean": behind_sum / n, "async/staleness_max": behind_max,
                 "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,

@@ -52,8 +52,10 @@ def setup(cfg: Config) -> Run:
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None, dormant=not generates)
     if not trains:  # a rollout rank of a split mesh holds no model
-        logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=0, every=cfg.train.log_every)
-        for line in layout(cfg, dims, False, needs_critic(cfg), 0):
+        logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
+                           every=cfg.train.log_every)
+        for line in layout(cfg, dims, cfg.algorithm.needs_reference and not cfg.lora.enabled, needs_critic(cfg), 0) \
+                + resume_notes:
             logger.print(line)
         return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows,
                    reward_fns, [], envs, model_budget(cfg, envs), engine, None, None, None, None, None, None, None,
@@ -114,6 +116,17 @@ def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, rewar
     w, k = dims.world_size, dims.tp
     held = ["actor (trained)"] + (["critic (trained)"] if critic else []) + (["reference"] if reference else [])
     held += [f"reward model {i}" for i in range(reward_models)]
+    if dims.split:  # rlcore/split.py
+        r, n = dims.rollout_ranks, dims.trainers
+        lines = [f"rlcore: {w} ranks, split: ranks 0-{r - 1} generate ({dims.rollout_groups} vLLM engine(s) x "
+                 f"tp={k}), ranks {r}-{w - 1} train (FSDP over {n}; each holds 1/{n} of: {', '.join(held)}); "
+                 f"batches at most {cfg.rollout.max_staleness} version(s) behind"]
+        for i in list(range(min(w, shown))):
+            lines.append(f"  rank {i:<3} generates: engine {i // k} (tp rank {i % k} of {k})" if i < r else
+                         f"  rank {i:<3} trains: FSDP shard {i - r} of {n} | engine {i // k} dormant")
+        if w > shown:
+            lines.append(f"  ranks {shown}-{w - 1} alike: rank < {r} generates, engine = rank // {k}")
+        return lines
     lines = [f"rlcore: {w} ranks, {dims.rollout_groups} vLLM engine(s) x tp={k}, FSDP over {w}; each rank holds "
              f"1/{w} of: {', '.join(held)}"]
     for r in range(min(w, shown)):

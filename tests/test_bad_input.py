@@ -127,6 +127,11 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("sandbox.preload=[math,nump]", "sandbox.preload: there is no module named 'nump' to import into the sandbox "
                                     "workers"),
     ("sandbox.preload=[math,no_pkg.sub]", "sandbox.preload: there is no module named 'no_pkg.sub'"),
+    ("rollout.ranks=-1", "rollout.ranks must be >= 0 (got -1)"),
+    ("rollout.max_staleness=-1", "rollout.max_staleness must be >= 0 (got -1)"),
+    ("rollout.ranks=1", "rollout.ranks=1 must be a multiple of rollout.tensor_parallel=1 below the world size 1 "
+                        "(the rest of the ranks train); valid: none or 0 (colocated)"),
+    ("rollout.max_staleness=1", "rollout.max_staleness=1 needs a split mesh: set rollout.ranks"),
 ])
 def test_bad_values(entry, tmp_path, override, says):
     proc = entry.train("recipe=demo", override, f"output_dir={tmp_path}/runs")

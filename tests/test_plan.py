@@ -139,6 +139,12 @@ def test_plan_cli_exit_codes(tmp_path):
               "--gpu-memory-gb=80")
     assert big.returncode == 1
     assert big.stdout.strip().splitlines()[-1].startswith("rlcore: does not fit: the TRAIN bar needs")
+    split = run("recipe=grpo", f"model.path={tmp_path / 'q15'}", "rollout.ranks=3", "--nproc-per-node", 8,
+                "--gpu-memory-gb", 80)
+    assert split.returncode == 2 and split.stdout == ""
+    assert split.stderr.strip() == ("rlcore: error: rollout.ranks=3 must be a multiple of rollout.tensor_parallel=2 "
+                                    "below the world size 8 (the rest of the ranks train); valid: [2, 4, 6] or 0 "
+                                    "(colocated)")
     missing = run("recipe=grpo", f"model.path={tmp_path}/nope", "--nproc-per-node", 8, "--gpu-memory-gb", 80)
     assert missing.returncode == 2
     assert missing.stderr.strip() == (f"rlcore: error: model.path '{tmp_path}/nope' has no config.json locally or "
@@ -183,3 +189,83 @@ def test_lora_plan_drops_the_reference_and_the_base_optimizer_state(tmp_path):
     text = p.render()
     assert "reference the actor with its adapters off (LoRA): no copy" in text
     assert "SYNC per step" in text and "LoRA adapters only" in text
+
+
+def test_split_7b_trainer_bars_hold_a_quarter_of_the_state_rollout_bars_none(tmp_path):
+    """rollout.ranks=4 of 8: the models shard over the 4 trainer ranks (1/4 each, not 1/8); a rollout GPU
+    holds its engine and the largest unit of the weight transfer, no model state."""
+    params = 7_615_616_512
+    root = 2 * 152064 * 3584 + 3584  # untied: embedding + lm_head, final norm
+    layer = 3584 * 3584 + 3584 + 2 * (3584 * 512 + 512) + 3584 * 3584 + 3 * 3584 * 18944 + 2 * 3584
+    colocated = grpo_plan(tmp_path, QWEN25_7B)
+    p = grpo_plan(tmp_path, QWEN25_7B, "rollout.ranks=4")
+    assert [bar.name for bar in p.bars] == ["rollout", "trainer"] and p.fits
+    assert part(colocated.train, "actor AdamW") == 8 * params / 8 and part(p.train, "actor AdamW") == 8 * params / 4
+    assert part(p.train, "actor params") == part(p.train, "actor grads") == part(p.train, "reference") == 4 * params / 4
+    # params + grads + AdamW of the actor and the frozen reference: 20 bytes per parameter, over 4 ranks not 8
+    assert p.train.total - colocated.train.total == pytest.approx(20 * params / 4 - 20 * params / 8)
+    assert part(p.train, "dormant engine") == 0  # asleep at level 2 from the start
+    # between steps rank 4 holds 2 roots + a layer in bf16 in flight, less than the step frees: adds nothing
+    send = next(name for name, _ in p.train.parts if name.startswith("weight send"))
+    assert f"{2 * (2 * root + layer) / GB:.2f} in flight" in send and part(p.train, "weight send") == 0
+    assert p.train.total / GB == pytest.approx(48.34, abs=0.01)
+    assert [name.split(" ")[0] for name, _ in p.generation.parts] == ["engine", "weight"]  # no model state
+    assert p.generation.total == 0.4 * 80 * GB + 2 * root
+    assert p.kv_bytes == colocated.kv_bytes and p.sync_bytes == colocated.sync_bytes == 2 * params
+    text = p.render()
+    assert "mesh: world 8, split (rollout.ranks=4): ranks 0-3 generate, 2 engine(s) x tp=2: [0,1] [2,3]" in text
+    assert "ranks 4-7 train, FSDP over them; their engines are dormant (dummy weights, asleep at level 2)" in text
+    assert "ROLLOUT bar per GPU, ranks 0-3: an engine" in text and "TRAINER bar per GPU, ranks 4-7: the models" in text
+    assert "FSDP over 4 ranks" in text and "a step samples 512 per engine" in text  # 128 prompts / 2 engines x 8
+
+
+def test_split_fit_check_covers_both_kinds_of_gpu(tmp_path):
+    """Two trainer ranks cannot hold a 7B's state and an engine at 0.95 of the GPU leaves no room for the
+    transfer's unit: both bars fail, each with its own levers."""
+    p = grpo_plan(tmp_path, QWEN25_7B, "rollout.ranks=6", "rollout.prompts_per_step=96",
+                  "rollout.gpu_memory_utilization=0.95")
+    assert not p.generation.fits and not p.train.fits
+    message = p.error()
+    assert message.startswith("the ROLLOUT bar needs 78.0 GB, 6.0 GB over the 72.0 GB usable per GPU; levers: ")
+    assert ("rollout.gpu_memory_utilization=0.85", 0.1 * 80 * GB, True) in p.levers["rollout"]
+    # 4 trainer ranks instead of 2 fit, as do bf16 master weights or the reference offloaded to CPU
+    assert [(name, ok) for name, _, ok in p.levers["trainer"]] == [
+        ("model.offload_frozen=true", True), ("model.dtype=bfloat16", True), ("rollout.ranks=4", True)]
+    assert "the TRAINER bar needs 83.8 GB, 11.8 GB over the 72.0 GB usable per GPU" in message
+
+
+@pytest.mark.parametrize("ranks", [3, 8])
+def test_split_bad_rollout_ranks_is_one_line(tmp_path, ranks):
+    with pytest.raises(ValueError) as e:
+        grpo_plan(tmp_path, QWEN25_7B, f"rollout.ranks={ranks}")
+    assert str(e.value) == (f"rollout.ranks={ranks} must be a multiple of rollout.tensor_parallel=2 below the world "
+                            f"size 8 (the rest of the ranks train); valid: [2, 4, 6] or 0 (colocated)")
+
+
+def test_split_on_nodes_names_them(tmp_path):
+    """4 nodes x 8: node 0 generates, nodes 1-3 train; the state shards over 24 trainer ranks."""
+    cfg = parse_argv(["recipe=grpo", f"model.path={model_dir(tmp_path, 'm', QWEN25_7B)}", "rollout.ranks=8",
+                      "rollout.prompts_per_step=96"], ROOT / "recipes")
+    p = plan.build(cfg, 8, 4, 80)
+    assert part(p.train, "actor AdamW") == 8 * 7_615_616_512 / 24
+    text = p.render()
+    assert "ranks 0-7 (node 0) generate, 4 engine(s) x tp=2" in text and "ranks 8-31 (nodes 1-3) train" in text
+    assert "TRAINER bar per GPU, ranks 8-31 (nodes 1-3): the models" in text
+
+
+def test_split_on_cpu_shares_the_host(tmp_path, monkeypatch):
+    """CPU: the dormant engines keep their weights and KV cache, and one host holds the rollout rank and
+    both trainer ranks: each bar is checked against that sum."""
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(plan, "host_memory", lambda: 64 * GB)
+    cfg = parse_argv(["recipe=demo", f"model.path={model_dir(tmp_path, 'tiny', TINY)}", "rollout.ranks=1"],
+                     ROOT / "recipes")
+    p = plan.build(cfg, 3)
+    rollout, trainer = p.generation, p.train
+    assert rollout.total == 1 * GB + 4 * 87104 + GB / 2 + 4 * 37120  # runtime, engine, KV, a layer (> root)
+    assert part(trainer, "dormant engine KV cache") == GB / 2 and part(trainer, "actor AdamW") == 8 * 87104 / 2
+    assert (rollout.ranks_sharing, rollout.neighbours) == (1, (2, 2 * trainer.total))
+    assert (trainer.ranks_sharing, trainer.neighbours) == (2, (1, rollout.total))
+    assert rollout.used == trainer.used == rollout.total + 2 * trainer.total and p.fits
+    assert "total x 2 ranks + 1 rollout rank(s)" in p.render()

@@ -1,0 +1,38 @@
+"""torchrun worker: launch/train.py in a split mesh with the weight transfer broken on purpose (fault injection).
+
+RLCORE_FAULT=skip: from the second transfer on, the engines drain the received weights without loading them
+(a skipped transfer: they keep sampling with older weights). RLCORE_FAULT=corrupt: from the second transfer on,
+one received tensor (the first of each transfer) arrives scaled by 1.01 (a corrupted unit). Either way the
+probe check after the transfer must stop the run. Arguments are passed to launch/train.py unchanged.
+"""
+import os
+import runpy
+import sys
+from pathlib import Path
+
+from rlcore.rollout import engine
+
+FAULT = os.environ["RLCORE_FAULT"]
+load = engine.RolloutEngine.load
+transfers = [0]
+
+
+def broken_load(self, weights):
+    transfers[0] += 1
+    if transfers[0] < 2:
+        return load(self, weights)
+    if FAULT == "skip":
+        for _ in weights:
+            pass
+        return None
+
+    def corrupted():
+        for i, (name, tensor) in enumerate(weights):
+            yield name, tensor * 1.01 if i == 0 else tensor
+    return load(self, corrupted())
+
+
+engine.RolloutEngine.load = broken_load
+train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
+sys.argv = [str(train_py), *sys.argv[1:]]
+runpy.run_path(str(train_py), run_name="__main__")
