@@ -2,6 +2,7 @@
 
     flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --rounds 3          # long tail, 2 ranks, pinned
     flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --workload agent --rounds 3
+    flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --recipe tooladd --steps 12   # a recipe as it is
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=benchmarks/async_rl.py \
         rollout.ranks=1 rollout.max_staleness=1 algorithm.tis_cap=2          # the recipe alone (this file)
 
@@ -143,10 +144,12 @@ def _descendants(pid: int) -> list[int]:
 
 
 def run_once(args, overrides: list[str], out_dir: Path) -> dict:
+    workload = ([f"recipe={args.recipe}", "data.eval_path="] if args.recipe else [
+        f"recipe={Path(__file__).resolve()}", f"rollout.max_new_tokens={args.tokens}",
+        f"rollout.max_total_tokens={max(TARGETS) * (args.tokens + 1)}", f"model.path={args.model}",
+        f"data.path={args.data}"])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "launch/train.py", f"recipe={Path(__file__).resolve()}", *overrides, f"train.steps={args.steps}",
-           f"rollout.max_new_tokens={args.tokens}", f"rollout.max_total_tokens={max(TARGETS) * (args.tokens + 1)}",
-           f"model.path={args.model}", f"data.path={args.data}", f"output_dir={out_dir}", "name=bench"]
+           "launch/train.py", *workload, *overrides, f"train.steps={args.steps}", f"output_dir={out_dir}", "name=bench"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = open(out_dir / "stdout.txt", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -224,6 +227,7 @@ def main() -> None:
     from benchmarks.scaling import no_eos_model
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="longtail", choices=["longtail", "agent"])
+    parser.add_argument("--recipe", default="", help="run the contenders on this recipe as it is instead (eval off)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--tokens", type=int, default=16, help="tokens per model turn")
@@ -242,10 +246,11 @@ def main() -> None:
         from benchmarks.common import param_count, write_section
         from benchmarks.scaling import no_eos_model
         results = json.loads(Path(args.report_from).read_text())
-        return report(args, results, param_count(no_eos_model(args.size)), write_section if args.write else None)
-    args.model = no_eos_model(args.size)  # built outside the timed runs
+        params = recipe_params(args.recipe) if args.recipe else param_count(no_eos_model(args.size))
+        return report(args, results, params, write_section if args.write else None)
+    args.model = no_eos_model(args.size)  # built outside the timed runs (as the recipe's warm start, below)
     args.data = data_file((20, 200) if args.workload == "agent" else None)
-    params = param_count(args.model)
+    params = param_count(args.model) if not args.recipe else recipe_params(args.recipe)
     results = {c: [] for c in args.only}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -275,6 +280,29 @@ def print_on_paper() -> None:
               f"| {r['transfer']:.2f} ({gb / r['transfer']:.1f}) |")
 
 
+def recipe_params(recipe: str) -> int:
+    """Parameters of a recipe's model, from its safetensors headers (the recipe's prepare has built it)."""
+    from safetensors import safe_open
+
+    from rlcore.cli import load_recipe
+    cfg = load_recipe(recipe, ROOT / "recipes")
+    if cfg.prepare:
+        module, _, fn = cfg.prepare.partition(":")
+        getattr(__import__(module, fromlist=[fn]), fn)(cfg)
+    total = 0
+    for f in Path(cfg.model.path).glob("*.safetensors"):
+        with safe_open(f, "pt") as st:
+            total += sum(_prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return total
+
+
+def _prod(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def report(args, results: dict, params: int, write) -> None:
     meds = {c: summarise(rows, params) for c, rows in results.items()}
     lines = ["| contender | steps | samples/s | step wall s | rollout s (share) | train s (share) | rollout idle "
@@ -295,8 +323,9 @@ def report(args, results: dict, params: int, write) -> None:
     if write:
         command = "flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py " + " ".join(
             shlex.quote(a) for a in sys.argv[1:])
-        write(f"async RL: colocated vs split k=0 vs split k=1, {args.workload} workload, {args.nproc} ranks, "
-              f"{args.size}, medians of {args.rounds} alternating rounds", command, lines + [""] + ratios)
+        what = f"recipe={args.recipe}" if args.recipe else f"{args.workload} workload, {args.size}"
+        write(f"async RL: colocated vs split k=0 vs split k=1, {what}, {args.nproc} ranks, medians of "
+              f"{args.rounds} alternating rounds", command, lines + [""] + ratios)
 
 
 if __name__ == "__main__":
