@@ -89,6 +89,7 @@ def data_file(latency_ms: tuple[float, float] | None = None) -> Path:
 
 
 def config():
+    """The long-tail recipe (the runner overrides the model, data, tokens per turn and the contender's layout)."""
     from benchmarks.scaling import no_eos_model
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
@@ -121,6 +122,7 @@ def pin_ranks(proc: subprocess.Popen, nproc: int, cores: list[int], deadline: fl
                 rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
                 if rank is None or pid in pinned:
                     continue
+                # Early, while the rank imports: threads it starts later inherit their creator's core.
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     os.sched_setaffinity(int(tid), {cores[rank % len(cores)]})
                 pinned.add(pid)
