@@ -11,6 +11,12 @@ Relaunches itself under torchrun. Per size, in one run and alternating, each rep
   stream        the trainer side alone: all-gather every FSDP2 unit and copy it out (no engine)
   sync          RolloutEngine.sync_weights, overlapped (the default): stream + the engine's load + reprocessing
   sync-serial   the same with each unit's all-gather started only after the previous unit was handed over
+With --split (the split mesh, rlcore/split.py, rollout.ranks = nproc - 1: ranks [0, R) engines, rank R the
+trainer, here holding the whole model in its own one-rank FSDP group), also:
+  bcast         one broadcast of the same bytes from rank R to the rollout ranks (the transfer group): the floor
+  xfer          split.send_weights / receive_weights with the engine's load replaced by draining the stream:
+                per-unit headers (gloo, pickled) + one broadcast per dtype per unit, no reload
+  split         split.send_weights / receive_weights into the live engines (the split mesh's transfer)
 Bandwidth is the model's bytes over the seconds; medians over the repeats. Writes a RESULTS.md section.
 """
 from __future__ import annotations
@@ -40,6 +46,7 @@ def worker(args) -> None:
 
     init_distributed()
     rank = dist.get_rank()
+    world = dist.get_world_size()
     results = {}
     for size in args.sizes:  # main() passes one
         path = common.random_model(size, max_positions=256)
@@ -56,7 +63,6 @@ def worker(args) -> None:
             for src, dst in zip(full, buffers):
                 dst.copy_(src)
 
-        world = dist.get_world_size()
         shard = torch.empty(nbytes // 4 // world)
         gathered = torch.empty(shard.numel() * world)
 
@@ -69,6 +75,8 @@ def worker(args) -> None:
 
         contenders = {"copy": copy, "gather": gather, "stream": stream, "sync": lambda: engine.sync_weights(policy),
                       "sync-serial": lambda: engine.sync_weights(policy, overlap=False)}
+        if args.split:
+            contenders |= split_contenders(cfg, engine, nbytes, world, rank)
         times = {k: [] for k in contenders}
         for name, fn in contenders.items():  # warm-up
             fn()
@@ -96,6 +104,35 @@ def worker(args) -> None:
     dist.destroy_process_group()
 
 
+def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
+    """The split mesh's transfer on the same ranks: rollout ranks [0, world - 1), trainer rank world - 1."""
+    from types import SimpleNamespace
+
+    import torch
+    import torch.distributed as dist
+
+    from rlcore import models, split
+    from rlcore.parallel import ParallelDims, build_meshes
+    R = world - 1
+    trainer_mesh, _ = build_meshes(ParallelDims(world, 1, R))  # collective: the trainers' own FSDP group
+    link = split.Link.make(R, world)
+    trains = rank >= R
+    run = SimpleNamespace(policy=models.shard(models.load_causal_lm(cfg.model), trainer_mesh, cfg.model)
+                          if trains else None, engine=engine)
+    drain = SimpleNamespace(load=lambda weights: [None for _ in weights], version=0, dtype=engine.dtype)
+    buf = torch.empty(nbytes // 4)
+    header = {"version": 1, "metrics": {}, "probe": None, "error": None}
+
+    def transfer(into):
+        if trains:
+            split.send_weights(run, link, header)
+        else:
+            split.receive_weights(SimpleNamespace(engine=into), link)
+
+    return {"bcast": lambda: dist.broadcast(buf, src=R, group=link.weights),
+            "xfer": lambda: transfer(drain), "split": lambda: transfer(engine)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["25M", "50M"], choices=list(common.SIZES))
@@ -104,6 +141,7 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1)
     parser.add_argument("--out", default="")
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one sync per size")
+    parser.add_argument("--split", action="store_true", help="also the split mesh's transfer (see the docstring)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -115,7 +153,7 @@ def main() -> None:
         out = Path(args.out or f"/tmp/rlcore-sync-bench-{os.getpid()}.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
                __file__, "--worker", "--out", str(out), "--repeats", str(args.repeats), "--tp", str(args.tp),
-               "--sizes", size, *(["--profile"] if args.profile else [])]
+               "--sizes", size, *(["--profile"] if args.profile else []), *(["--split"] if args.split else [])]
         env = os.environ | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True)
         if proc.returncode:
@@ -134,6 +172,18 @@ def main() -> None:
                      f"{gb / med['sync']:.2f} | {med['copy'] / med['sync']:.0%} | "
                      f"{(med['gather'] + med['copy']) / med['sync']:.0%} | {med['sync-serial']:.4f} | "
                      f"{1 - med['sync'] / med['sync-serial']:+.0%} |")
+    if args.split:  # the split mesh's transfer against the colocated sync and a bare broadcast, same bytes
+        lines += ["", f"Split mesh ({args.nproc - 1} rollout rank(s) + trainer rank {args.nproc - 1}):", "",
+                  "| model | MB | bcast s | bcast GB/s | xfer s | xfer GB/s | split s | split GB/s | colocated sync s "
+                  "| split / sync time | split / bcast time | xfer / bcast time |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for size, r in results.items():
+            med = {k: common.median(v) for k, v in r["times"].items()}
+            gb = r["bytes"] / 1e9
+            lines.append(f"| {size} | {r['bytes'] / 1e6:.0f} | {med['bcast']:.4f} | {gb / med['bcast']:.2f} | "
+                         f"{med['xfer']:.4f} | {gb / med['xfer']:.2f} | {med['split']:.4f} | {gb / med['split']:.2f} | "
+                         f"{med['sync']:.4f} | x{med['split'] / med['sync']:.2f} | x{med['split'] / med['bcast']:.2f} | "
+                         f"x{med['xfer'] / med['bcast']:.2f} |")
     command = "python benchmarks/sync.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     common.write_section(f"weight sync vs a plain copy, {args.nproc} ranks, TP={args.tp}, "
                          f"medians of {args.repeats} alternating repeats", command, lines)
