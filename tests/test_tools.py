@@ -356,3 +356,35 @@ def test_a_tool_call_rollout_reads_as_the_chat_it_is(tmp_path):
     sampled = tokenizer.decode([t for t, s in zip(x.tokens, x.sampled) if s])
     assert sampled == f"{turns[0]}<|im_end|>{turns[1]}<|im_end|>"  # only the model's tokens carry loss
     assert x.done and not x.truncated and len(x.turns) == 2 and x.env.stats == ToolStats(calls=1)
+
+
+def test_tool_stats_reach_the_step_metrics(monkeypatch):
+    """collect.sample counts each rank's ToolEnv stats (trajectories without them count nothing) and
+    env_metrics sums them over draws and ranks into tool/... metrics (the other rank's totals stand in here
+    for the all-reduce; the learning run of tests/test_tasks.py checks the real one)."""
+    from types import SimpleNamespace
+
+    from rlcore.rollout import collect
+    from rlcore.rollout.tools import tool_stats
+    envs = [Adder({}) for _ in range(3)] + [object()]
+    envs[0].step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 40}}</tool_call>', [])
+    envs[1].step('<tool_call>{"name": "sub", "arguments": {}}</tool_call><tool_call>{"name": </tool_call>', [])
+    envs[2].step('<tool_call>{"name": "divide", "arguments": {"a": 1, "b": 0}}</tool_call>', [])
+    envs[2].step('<tool_call>{"name": "add", "arguments": {"b": 1}}</tool_call>', [])
+    mine = tool_stats(envs)
+    assert mine == ToolStats(calls=5, malformed=1, unknown_tool=1, bad_arguments=1, tool_raised=1)
+    # the other rank's totals, in all_sum's order: turns, truncated, timeouts, model and env tokens, active per
+    # turn, then the tool/ keys sorted (bad_arguments, calls, malformed, tool_raised, unknown_tool)
+    other = [6, 1, 0, 30, 12, 4, 2, 0, 7, 0, 3, 2]
+    monkeypatch.setattr(collect, "all_sum", lambda *values: [a + b for a, b in zip(values, other)])
+    run = SimpleNamespace(envs=SimpleNamespace(max_turns=2), cfg=SimpleNamespace(rollout=SimpleNamespace(
+        schedule="lockstep")))
+    totals = {"turns": 5, "truncated": 0, "timeouts": 1, "model_tokens": 20, "env_tokens": 8, "active": [4, 1],
+              "env_s": 0.5} | mine.metrics("tool/")
+    out = collect.env_metrics(run, totals, n=8)
+    assert {k: v for k, v in out.items() if k.startswith("tool/")} == {
+        "tool/calls": 12, "tool/malformed": 1, "tool/unknown_tool": 3, "tool/bad_arguments": 1, "tool/tool_raised": 4}
+    assert out["env/turns_mean"] == 11 / 8 and out["env/active_turn1"] == 8 and out["env/active_turn2"] == 3
+    del totals["tool/calls"], totals["tool/malformed"], totals["tool/unknown_tool"], totals["tool/bad_arguments"]
+    del totals["tool/tool_raised"]
+    assert not any(k.startswith("tool/") for k in collect.env_metrics(run, totals, n=8))  # no ToolEnv: no keys

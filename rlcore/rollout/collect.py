@@ -21,7 +21,7 @@ from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
 from rlcore.rollout import continuous
 from rlcore.rollout.env import call_all, check_env
-from rlcore.rollout.tools import declared_tools
+from rlcore.rollout.tools import declared_tools, tool_stats
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
 
 if TYPE_CHECKING:
@@ -173,6 +173,8 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
               "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
+    if declared_tools(run.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
+        counts |= tool_stats([x.env for x in mine]).metrics("tool/")
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
                    "deadline_truncated": stats.deadline_truncated if run.tp_rank == 0 else 0,
@@ -240,14 +242,17 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
 
 
 def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
-    """Multi-turn metrics over every rank's trajectories of this step (all draws)."""
+    """Multi-turn metrics over every rank's trajectories of this step (all draws); with a ToolEnv, its
+    ToolStats summed (tool/calls, tool/malformed, tool/unknown_tool, tool/bad_arguments, tool/tool_raised)."""
     turns = run.envs.max_turns
     active = (totals["active"] + [0] * turns)[:turns]
+    tools = sorted(k for k in totals if k.startswith("tool/"))
     sums = all_sum(totals["turns"], totals["truncated"], totals["timeouts"], totals["model_tokens"],
-                   totals["env_tokens"], *active)
+                   totals["env_tokens"], *active, *(totals[k] for k in tools))
     out = {"env/turns_mean": sums[0] / n, "env/truncated_frac": sums[1] / n, "env/timeouts": sums[2],
            "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"]}
-    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:])}
+    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:5 + turns])}
+    out |= {k: int(v) for k, v in zip(tools, sums[5 + turns:])}
     if run.cfg.rollout.schedule == "continuous":  # every rank runs it (a collective)
         idle, rollout_s, calls_per_s, deadline, budget = all_sum(
             totals.get("idle_s", 0.0), totals.get("rollout_s", 0.0),

@@ -216,6 +216,11 @@ def declared_tools(env: Any) -> Toolbox | None:
     return toolbox if isinstance(toolbox, Toolbox) else None
 
 
+def tool_stats(envs: list) -> ToolStats:
+    """The summed counts of the environments that keep ToolStats (ToolEnv's); others count nothing."""
+    return sum((e.stats for e in envs if isinstance(getattr(e, "stats", None), ToolStats)), ToolStats())
+
+
 def tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
     """Attempted tool calls per trajectory, as a reward function: weight 0 logs it, a negative weight is a cost."""
     return [float(env.stats.calls) for env in envs]

@@ -2,6 +2,7 @@
 
     guess.py       a game: find a hidden digit from higher / lower feedback in at most 4 guesses
     calculator.py  a tool: the demo's addition problems, with a calculator the model may call
+    tooladd.py     a native tool call: the same problems as a chat, an `add` tool in the Hermes format
 
 Each task module holds its environment, its data files, its warm start (a short SFT that teaches the format
 and leaves headroom for RL), a cached atomic `prepare(cfg=None)` and a greedy evaluator. This file holds what
@@ -27,7 +28,8 @@ from rlcore.rollout.env import Step
 
 
 def encode_segments(tokenizer, rows: list[list[tuple[str, float]]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multi-turn SFT sequences: each row a list of (text, weight) segments after <bos>; a weight is the loss
+    """Multi-turn SFT sequences: each row a list of (text, weight) segments after <bos> (if the tokenizer has one;
+    special tokens written in the text, e.g. ChatML's, are encoded as such); a weight is the loss
     on that segment's tokens (0 for prompt and environment text). Returns input_ids [B, L] padded right and
     loss_mask [B, L - 1] (position t scores token t + 1). The tool route of calculator.py:
 
@@ -37,15 +39,16 @@ def encode_segments(tokenizer, rows: list[list[tuple[str, float]]]) -> tuple[tor
     """
     seqs, masks = [], []
     for segments in rows:
-        ids, mask = [tokenizer.bos_token_id], []
+        ids = [] if tokenizer.bos_token_id is None else [tokenizer.bos_token_id]
+        weights = [0.0] * len(ids)  # per token; the mask is weights[1:]
         for text, weight in segments:
             eos = text.endswith("<eos>")
             seg = tokenizer(text.removesuffix("<eos>"), add_special_tokens=False).input_ids
             seg += [tokenizer.eos_token_id] if eos else []
             ids += seg
-            mask += [weight] * len(seg)
+            weights += [weight] * len(seg)
         seqs.append(ids)
-        masks.append(mask)
+        masks.append(weights[1:])
     L = max(len(s) for s in seqs)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([s + [pad] * (L - len(s)) for s in seqs])  # [B, L]
@@ -66,9 +69,10 @@ class Trajectory:
 @torch.no_grad()
 def play(model, tokenizer, rows: list[dict], make_env: Callable[[dict], Any], max_new_tokens: int,
          max_total_tokens: int, max_turns: int = 0, temperature: float = 0.0, seed: int = 0,
-         prompt_column: str = "prompt") -> list[Trajectory]:
+         prompt_column: str = "prompt", encode_prompt: Callable[[str], list[int]] | None = None) -> list[Trajectory]:
     """One multi-turn trajectory per row on the HF model, all rows decoded together one token at a time
-    (greedy at temperature 0). Sequences here are a few dozen tokens: no KV cache is needed."""
+    (greedy at temperature 0). Sequences here are a few dozen tokens: no KV cache is needed. `encode_prompt`
+    turns a prompt into ids (default: the tokenizer's plain encoding; a chat task renders its template)."""
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
@@ -76,7 +80,7 @@ def play(model, tokenizer, rows: list[dict], make_env: Callable[[dict], Any], ma
     for row in rows:
         env = make_env(row)
         extra = env.reset() if hasattr(env, "reset") else None
-        ids = tokenizer(row[prompt_column]).input_ids
+        ids = encode_prompt(row[prompt_column]) if encode_prompt else tokenizer(row[prompt_column]).input_ids
         starts.append(len(ids))
         trajs.append(Trajectory(env, ids + (encode_obs(tokenizer, extra) if extra else [])))
     stops = {tokenizer.convert_tokens_to_ids(s) for s in getattr(trajs[0].env, "stop", ())}
@@ -116,4 +120,10 @@ def play(model, tokenizer, rows: list[dict], make_env: Callable[[dict], Any], ma
 
 
 def encode_obs(tokenizer, obs) -> list[int]:
-    return list(obs) if isinstance(obs, list) else tokenizer(obs, add_special_tokens=False).input_ids
+    """An observation's ids, as rlcore.rollout.collect encodes them: ids as given, text, or chat messages."""
+    if isinstance(obs, str):
+        return tokenizer(obs, add_special_tokens=False).input_ids
+    if obs and isinstance(obs[0], dict):
+        from rlcore.rollout.chat import observation_ids
+        return observation_ids(tokenizer, obs)
+    return list(obs)
