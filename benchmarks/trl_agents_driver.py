@@ -72,9 +72,11 @@ def main() -> None:
     import torch
     torch.set_num_threads(args.threads)
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
     from trl.chat_template_utils import qwen3_template
+
+    from rlcore.data import load_tokenizer
 
     total = args.prompts * args.group
     micro = min(args.micro_batch, total)
@@ -107,6 +109,8 @@ def main() -> None:
         extra = {k: cols[k] for k in columns if k in cols and k != "prompt"}
         scores = [float(s) for s in score(cols["prompt_text"], texts, **extra)]
         rewards_seen.extend(scores)
+        if os.environ.get("RLCORE_BENCH_DEBUG"):
+            print("DEBUG", [(c, t, s) for c, t, s in list(zip(completions, texts, scores))[:4]], extra.keys(), flush=True)
         return scores
     reward.__name__ = getattr(score, "__name__", "reward")
 
@@ -116,7 +120,9 @@ def main() -> None:
     # TRL renders conversational prompts with the chat template; the raw text goes to the reward as rlcore's prompts
     dataset = dataset.map(lambda row: {"prompt_text": row[args.prompt_column],
                                        "prompt": system + [{"role": "user", "content": row[args.prompt_column]}]})
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    # rlcore's loader: transformers' AutoTokenizer would swap this character vocabulary's saved tokenizer for
+    # Qwen2Tokenizer (byte-level), which drops its newlines and spaces (rlcore.data.load_tokenizer says why)
+    tokenizer = load_tokenizer(args.model)
     if getattr(tokenizer, "response_template", None) is None:
         tokenizer.response_template = qwen3_template
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)

@@ -78,7 +78,7 @@ def run_rlcore(args, work: dict, out: Path, schedule: str) -> list[dict]:
            f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
            f"rollout.max_new_tokens={work['max_total']}", f"rollout.max_total_tokens={work['max_total']}",
            f"rollout.env_workers={args.prompts * args.group}", f"train.steps={args.steps}",
-           f"train.micro_batch_size={args.prompts * args.group // 2}", "train.eval_every=0", "data.eval_path=",
+           f"train.micro_batch_size={args.prompts * args.group // 2}", "data.eval_path=",
            f"output_dir={out}", "name=bench"]
     env = os.environ | work["env"] | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
