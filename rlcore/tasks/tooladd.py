@@ -14,8 +14,8 @@ The reward is arithmetic_exact on the last model turn; ToolEnv.stats count the c
 Tokens: a pure character tokenizer makes the prompt 550 tokens (the schema line alone is 300 characters), and
 the tiny model has a few dozen positions. Like BPE merges of frequent strings, the task's tokenizer adds one
 token per fixed line of the rendered conversation (the template's text, the schema, role headers, the call's
-JSON around its numbers), found by rendering a tool conversation: the prompt becomes 27 tokens and a whole
-tool-route trajectory 56. Numbers and the problem stay character by character.
+JSON around its numbers), found by rendering a tool conversation: the prompt becomes 28 tokens and a whole
+tool-route conversation 55. Numbers and the problem stay character by character.
 
 Warm start (one SFT from random init, like rlcore.tiny's and calculator.py's combined): LEARN_STEPS on right
 answers, then HABIT_STEPS on the correct / forgot-the-carry mixture (rlcore.tiny.SLOPPY), each step with
@@ -44,8 +44,8 @@ from rlcore.tiny import cache_dir, carries, prepare_cached, sample_problem, slop
 VERSION = "tooladd-v1"  # bump when anything below (or rlcore.tiny's problems) changes the build
 SEED = 0
 VOCAB_SIZE = 128  # the chat tokenizer's 106 ids and the folded lines, padded up
-POSITIONS = 96  # max_position_embeddings: a tool-route trajectory is 56 tokens
-MAX_NEW_TOKENS = 16  # per turn: a call is 12 tokens, an answer 3-4
+POSITIONS = 96  # max_position_embeddings: a tool-route conversation is 55 tokens
+MAX_NEW_TOKENS = 16  # per turn: a call is 11 tokens, an answer 3-4
 MAX_TOTAL_TOKENS = 32  # after the prompt: call, tool answer (12) and answer
 LEARN_STEPS = 500  # optimizer steps on right answers (and tool routes)
 HABIT_STEPS = 400  # then on the right / forgot-the-carry mixture, learning rate decaying 10x
