@@ -152,6 +152,7 @@ def summarize(rounds: list[list[dict]], n: int) -> dict:
     med = lambda f: common.median(f(x) for x in rows)  # noqa: E731
     return {"n": len(rows), "step": med(lambda x: x["time/step_s"]), "rollout": med(lambda x: x["time/rollout_s"]),
             "engine": med(lambda x: x["time/generate_s"]),
+            "waiting": med(lambda x: x.get("time/tool_s", x.get("time/env_s", float("nan")))),
             "idle": med(lambda x: 1 - x["time/generate_s"] / x["time/rollout_s"]),
             "own_idle": med(lambda x: x.get("rollout/engine_idle_frac", float("nan"))),
             "calls_s": med(lambda x: x["calls"] / x["time/rollout_s"]), "calls": med(lambda x: x["calls"] / n),
@@ -215,13 +216,13 @@ def main() -> None:
              f"prompt; tool latency log-uniform {args.latency_min * 1e3:.0f}-{args.latency_max * 1e3:.0f} ms, "
              f"seeded by the call's arguments. {args.rounds} round(s) of {args.steps} steps per contender, order "
              f"rotating; medians over steps 3..{args.steps} of all rounds (each column its own median). {versions}.",
-             "", "| contender | steps | step s | rollout s | engine s | engine idle frac | rlcore's idle frac | "
+             "", "| contender | steps | step s | rollout s | engine s | tool wait s | engine idle frac | rlcore's idle frac | "
              "tool calls/s | calls/trajectory | train s | reward first | reward last |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, m in stats.items():
         own = "" if m["own_idle"] != m["own_idle"] else f"{m['own_idle']:.2f}"
         lines.append(f"| {NAMES[c]} | {m['n']} | {m['step']:.3f} | {m['rollout']:.3f} | {m['engine']:.3f} | "
-                     f"{m['idle']:.2f} | {own} | {m['calls_s']:.1f} | {m['calls']:.2f} | {m['train']:.3f} | "
+                     f"{m['waiting']:.3f} | {m['idle']:.2f} | {own} | {m['calls_s']:.1f} | {m['calls']:.2f} | {m['train']:.3f} | "
                      f"{m['first']:.3f} | {m['last']:.3f} |")
     lines.append("")
     if "continuous" in stats:
