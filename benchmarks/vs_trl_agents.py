@@ -31,8 +31,9 @@ Reported per contender: medians over steps 3..N of all rounds of the step time, 
 including tools: rlcore's time/rollout_s, TRL's whole `_generate`), the engine time, the engine's idle fraction
 (1 - engine s / rollout s, for all; rlcore's own rollout/engine_idle_frac for continuous, which counts only
 time with no live request), tool calls per rollout second, calls per trajectory, and the reward; the ratios
-against the goals. Every heavy run holds --lock (flock). Appends a section to benchmarks/RESULTS.md (--no-write:
-not).
+against the goals. Every heavy run holds --lock (flock); on a busy machine, hold it once for the whole
+benchmark instead: `flock /tmp/rlcore-heavy.lock python benchmarks/vs_trl_agents.py --lock ''`. Appends a
+section to benchmarks/RESULTS.md (--no-write: not).
 """
 from __future__ import annotations
 
