@@ -25,7 +25,7 @@ is pinned to one core (rank r to core r mod cores, every thread of it, as soon a
 Measured per run, from rank 0's metrics.jsonl, steps 3..N (1-2 are warm-up and the pipeline filling):
   step wall s       the time between two consecutive steps' log lines (this script polls the file): the
                     pipeline's period; samples/s = sequences per step / that
-  rollout idle      1 - time making a batch (time/rollout_s split; time/generate_s + time/env_s +
+  rollout idle      1 - time making a batch (time/collect_s split; time/generate_s + time/env_s +
                     time/reward_s colocated) / step wall: the engine ranks' time not generating
   trainer wait      1 - (time/step_s + time/sync_s) / step wall: trainer ranks waiting for a batch
                     (colocated: the same, its rollout is what it waits through)
@@ -183,8 +183,8 @@ def summarise(rows: list[dict], params: int) -> dict:
     per = []
     for m in rows:
         wall = m["wall_s"]
-        making = m.get("time/rollout_s", m["time/generate_s"] + m.get("time/env_s", 0.0) + m.get("time/reward_s", 0.0))
-        training = m["time/step_s"] if "time/rollout_s" in m else (
+        making = m.get("time/collect_s", m["time/generate_s"] + m.get("time/env_s", 0.0) + m.get("time/reward_s", 0.0))
+        training = m["time/step_s"] if "time/collect_s" in m else (
             m["time/logprobs_s"] + m["time/train_s"])
         per.append({"wall": wall, "sps": m["tokens/sequences"] / wall, "gen": making, "train": training,
                     "sync": m["time/sync_s"], "rollout_idle": max(0.0, 1 - making / wall),

@@ -190,7 +190,7 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
         reset_peak_memory()
         batch, metrics = collect(run, b)
         batch.versions = torch.full((len(batch),), run.engine.version, dtype=torch.long)
-        metrics |= {"time/rollout_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
+        metrics |= {"time/collect_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
         ready[b] = (batch, metrics)
 
     def hand_over(t: int, error: str | None) -> None:

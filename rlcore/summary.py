@@ -82,7 +82,7 @@ class Summary:
         walls = [m for m in self.timed() if "time/wall_s" in m]
         if walls:  # a split mesh (rlcore/split.py): the two sides overlap, each busy part of the wall time
             wall = sum(m["time/wall_s"] for m in walls)
-            rollout = sum(m.get("time/rollout_s", 0.0) for m in walls) / wall
+            rollout = sum(m.get("time/collect_s", 0.0) for m in walls) / wall
             train = sum(m.get("time/step_s", 0.0) for m in walls) / wall
             lines += [f"split: {wall / len(walls):.3f} s of wall time per step; rollout ranks busy {100 * rollout:.0f}% "
                       f"(idle {100 * max(1 - rollout, 0):.0f}%), trainer ranks busy {100 * train:.0f}% (idle "

@@ -158,14 +158,17 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
     first = draw * cfg.rollout.prompts_per_step + run.group * len(rows)
     share = len(rows) // run.dims.tp
     seeds = [rollout_seed(cfg.seed, step, first + i, G) for i in range(len(rows))]
+    t = time.perf_counter()
     mine, stats = run_turns(run, rows, seeds, G, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                             [i // share for i in range(len(rows))])
+    rollout_s = time.perf_counter() - t
     batch = to_batch(mine, pad_id(run.tokenizer), G, run.model_budget)
     t = time.perf_counter()
     batch.rewards, parts = score(run, mine)
     if run.envs.factory is not None:
         close_envs(run, mine)
     counts = {"generated": stats.generated / run.dims.tp, "generate_s": stats.generate_s, "env_s": stats.env_s,
+              "rollout_s": rollout_s,
               "reward_s": time.perf_counter() - t, "active": stats.active if run.tp_rank == 0 else [],
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
               "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
@@ -228,7 +231,8 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     mean = r_sum / r_n
     stats = {f"reward/{name}": total / r_n for name, total in zip(names, part_totals)}  # unweighted, each
     stats |= {"reward/mean": mean, "reward/std": max(r_sq / r_n - mean ** 2, 0.0) ** 0.5,
-              "time/generate_s": totals["generate_s"], "time/reward_s": totals["reward_s"],
+              "time/generate_s": totals["generate_s"], "time/rollout_s": totals["rollout_s"],
+              "time/reward_s": totals["reward_s"],
               "throughput/generate_tok_s": generated / max(totals["generate_s"], 1e-9), "tokens/generated": generated}
     if extra_draws:
         stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
