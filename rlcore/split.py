@@ -33,6 +33,7 @@ algorithm.tis_cap (rlcore.objectives.tis_weights).
 """
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -197,6 +198,7 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
         """The batch half of exchange t: batch t+1 to the trainers (None after the last step), then the
         checkpoint when due or asked for."""
         nonlocal probe
+        path = None
         if error is None and t < steps and t + 1 not in ready:
             produce(t + 1)  # k = 0: sampled with the weights just received
         share = ready[t + 1][0] if error is None and t < steps else None
@@ -210,9 +212,9 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
         stopping = any(m["stop"] for m in messages)
         if t > 0 and (stopping or saves(cfg, t)):
             later = {b: v for b, v in ready.items() if b > t}  # not yet logged (batch t+1 is with the trainers)
-            run.logger.print(save(run, t, {"ready": later, "probe": probe, "summary": summary}))
+            path = save(run, t, {"ready": later, "probe": probe, "summary": summary})
         if stopping:
-            raise Preempted(f"a signal after step {t}; checkpoint written; continue with resume=auto")
+            raise preempted(stop, t, path)
 
     if run.resume_from is not None:
         start, state = resume(run)
@@ -264,15 +266,29 @@ def saves(cfg, t: int) -> bool:
     return t == cfg.train.steps or bool(cfg.train.save_every and t % cfg.train.save_every == 0)
 
 
-def save(run: Run, t: int, state: dict) -> str:
+def save(run: Run, t: int, state: dict):
     """Collective over every rank at the batch half of exchange t: the trainers' models, optimizers and
-    schedulers (DCP), each rank's RNG and its batches in flight (`state`), the rollout ranks' prompt streams."""
+    schedulers (DCP), each rank's RNG and its batches in flight (`state`), the rollout ranks' prompt streams.
+    A save that fails stops the run (every rank), as colocated."""
     t0 = time.perf_counter()
-    trains = run.dims.trains(dist.get_rank())
-    path = checkpoint.save(run.run_dir / "checkpoints", t, run.trained_models() if trains else {}, run.prompts,
-                           {"step": t}, run.meta, run.cfg.train.keep_checkpoints, run.tokenizer,
-                           extra={"split": state}, writer=run.dims.rollout_ranks)
-    return f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)"
+    trains, root = run.dims.trains(dist.get_rank()), run.run_dir / "checkpoints"
+    try:
+        path = checkpoint.save(root, t, run.trained_models() if trains else {}, run.prompts, {"step": t}, run.meta,
+                               run.cfg.train.keep_checkpoints, run.tokenizer, extra={"split": state},
+                               writer=run.dims.rollout_ranks)
+    except checkpoint.SaveError as e:
+        complete = checkpoint.scan(root)[0]
+        raise RunError(f"{e}; " + (f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint")) \
+            from None
+    run.logger.print(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)")
+    return path
+
+
+def preempted(stop, t: int, path) -> Preempted:
+    name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
+    if path is None:  # before the first step: nothing trained, nothing to save
+        return Preempted(f"{name} before step 1; nothing to checkpoint; start again")
+    return Preempted(f"{name} after step {t}; checkpoint {path} written; continue with resume=auto")
 
 
 def resume(run: Run) -> tuple[int, dict]:
@@ -303,6 +319,7 @@ def train_side(run: Run, link: Link, stop) -> None:
     def take(t: int) -> Batch | None:
         """The batch half of exchange t: this rank's slice of batch t+1, and the checkpoint when due."""
         nonlocal probe
+        path = None
         messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
         if first_error(messages):
             raise RunError(first_error(messages))
@@ -310,9 +327,9 @@ def train_side(run: Run, link: Link, stop) -> None:
         batch = my_slice(run, messages) if t < steps else None
         stopping = any(m["stop"] for m in messages)
         if t > 0 and (stopping or saves(cfg, t)):
-            save(run, t, {"batch": batch, "probe": probe})
+            path = save(run, t, {"batch": batch, "probe": probe})
         if stopping:
-            raise Preempted(f"a signal after step {t}; checkpoint written; continue with resume=auto")
+            raise preempted(stop, t, path)
         return batch
 
     if run.resume_from is not None:
