@@ -14,9 +14,9 @@ Relaunches itself under torchrun. Per size, in one run and alternating, each rep
 With --split (the split mesh, rlcore/split.py, rollout.ranks = nproc - 1: ranks [0, R) engines, rank R the
 trainer, here holding the whole model in its own one-rank FSDP group), also:
   bcast         one broadcast of the same bytes from rank R to the rollout ranks (the transfer group): the floor
-  xfer          split.send_weights / receive_weights with the engine's load replaced by draining the stream:
+  xfer          transfer.send_weights / receive_weights with the engine's load replaced by draining the stream:
                 per-unit headers (gloo, pickled) + one broadcast per dtype per unit, no reload
-  split         split.send_weights / receive_weights into the live engines (the split mesh's transfer)
+  split         transfer.send_weights / receive_weights into the live engines (the split mesh's transfer)
 Bandwidth is the model's bytes over the seconds; medians over the repeats. Writes a RESULTS.md section.
 """
 from __future__ import annotations
@@ -111,11 +111,11 @@ def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from rlcore import models, split
+    from rlcore import models, transfer
     from rlcore.parallel import ParallelDims, build_meshes
     R = world - 1
     trainer_mesh, _ = build_meshes(ParallelDims(world, 1, R))  # collective: the trainers' own FSDP group
-    link = split.Link.make(R, world)
+    link = transfer.Link.make(R, world)
     trains = rank >= R
     run = SimpleNamespace(policy=models.shard(models.load_causal_lm(cfg.model), trainer_mesh, cfg.model)
                           if trains else None, engine=engine)
@@ -125,9 +125,9 @@ def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
 
     def transfer(into):
         if trains:
-            split.send_weights(run, link, header)
+            transfer.send_weights(run, link, header)
         else:
-            split.receive_weights(SimpleNamespace(engine=into), link)
+            transfer.receive_weights(SimpleNamespace(engine=into), link)
 
     return {"bcast": lambda: dist.broadcast(buf, src=R, group=link.weights),
             "xfer": lambda: transfer(drain), "split": lambda: transfer(engine)}

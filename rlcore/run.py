@@ -47,7 +47,7 @@ class Run:
     meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
     plan: object = None  # the launch plan (rlcore.plan.Plan), or None where its formulas do not cover the model
     resume_from: Path | None = None  # the checkpoint to load before the first step
-    link: object = None  # split mesh: the process groups joining rollout and trainer ranks (rlcore.split.Link)
+    link: object = None  # split mesh: the process groups joining rollout and trainer ranks (rlcore.transfer.Link)
     train_group: object = None  # split mesh, trainer ranks: their own process group (FSDP2's)
 
     def trained_models(self) -> dict[str, tuple]:
