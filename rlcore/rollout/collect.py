@@ -19,7 +19,7 @@ from rlcore import rewards
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
-from rlcore.rollout import continuous
+from rlcore.rollout import agents, continuous
 from rlcore.rollout.env import call_all, check_env
 from rlcore.rollout.tools import declared_tools, tool_stats
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
@@ -38,6 +38,8 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     single-turn settings without one. Raises ValueError naming the setting."""
     r = cfg.rollout
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    if r.agent:
+        return make_agent(cfg, tokenizer, decode)
     if not r.env:
         if r.max_turns > 1 or r.max_total_tokens:
             raise ValueError("rollout.max_turns and rollout.max_total_tokens need an environment: set rollout.env")
@@ -87,6 +89,36 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode)
 
 
+def make_agent(cfg, tokenizer, decode) -> Envs:
+    """rollout.agent, checked at startup: an async function, a call budget, a template the endpoint can extend."""
+    from rlcore.rollout import chat
+    from rlcore.rollout.agents import check_agent
+
+    r = cfg.rollout
+    spec = r.agent if isinstance(r.agent, str) else rewards.fn_name(r.agent)
+    if r.env:
+        raise ValueError(f"rollout.agent '{spec}' and rollout.env '{r.env}' are two ways to run a trajectory; set one")
+    agent = rewards.resolve(r.agent, "rollout.agent")
+    check_agent(agent, spec)
+    if r.max_turns < 1:
+        raise ValueError(f"rollout.agent '{spec}' needs rollout.max_turns >= 1: the engine calls one trajectory "
+                         f"may make")
+    chat.check_prefix_preserving(tokenizer, "rollout.agent")
+    return Envs(None, spec, r.max_turns, [], r.env_timeout_s, r.env_workers, lambda obs: [], decode, agent=agent)
+
+
+def agent_endpoint(run: Run):
+    """This rank's endpoint, started at the first rollout (not at startup: the bad-input checks start nothing)."""
+    from rlcore.rollout.endpoint import Endpoint
+
+    if run.envs.endpoint is None:
+        r, d = run.cfg.rollout, run.cfg.data
+        run.envs.endpoint = Endpoint(run.tokenizer, r.temperature, r.max_new_tokens,
+                                     r.max_model_len or d.max_prompt_tokens + (r.max_total_tokens or r.max_new_tokens),
+                                     r.max_turns, r.agent_tool_format)
+    return run.envs.endpoint
+
+
 def model_budget(cfg, envs: Envs) -> int:
     """Model tokens one trajectory can hold at most: seq-mean-token-sum-norm's divisor, DAPO's overlong cap."""
     r = cfg.rollout
@@ -101,6 +133,12 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
              for row, seed, owner in zip(rows, seeds, owners) for j in range(group_size)]
     r = run.cfg.rollout
     max_total = r.max_total_tokens or max_new_tokens
+    if run.envs.agent is not None:  # failures are per trajectory (agent/failed): nothing to agree on
+        endpoint = agent_endpoint(run)
+        endpoint.temperature = temperature  # the eval's greedy calls are pinned to 0
+        stats = agents.rollout(run.engine, endpoint, run.envs.agent, trajs, temperature, r.env_timeout_s,
+                               r.env_workers, run.tp_rank, run.tp_group)
+        return [x for x in trajs if x.owner == run.tp_rank], stats
     if r.schedule == "continuous" and run.envs.factory is not None:  # single-turn: no tool time to overlap
         stats = continuous.rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, temperature, run.tp_rank,
                                    run.tp_group, *((r.trajectory_timeout_s, r.step_deadline_s) if budgets else ()))
@@ -131,6 +169,10 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
         prompts, columns = rewards.reward_inputs(rows, run.cfg.data.prompt_column)
         return rewards.score([(run.reward_fns[0][0], 1.0)], prompts, completions, columns | (extra or {}))
     total, parts = rewards.score_rollouts(run, rows, completions, extra)
+    if envs.agent is not None:  # the agent's own reward; a failed agent's trajectory scores 0 (and trains nothing)
+        parts["agent"] = torch.tensor([x.env_reward for x in mine])
+        total = total + parts["agent"]
+        total[torch.tensor([x.timed_out or x.error is not None for x in mine], dtype=torch.bool)] = 0.0
     if envs.factory is not None:
         r = run.cfg.rollout
         parts["env"] = torch.tensor([x.env_reward for x in mine])
@@ -175,6 +217,10 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
     if declared_tools(run.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
+    if isinstance(stats, agents.AgentStats):
+        counts |= {"agent_calls": stats.calls / run.dims.tp, "agent_failed": stats.failed,
+                   "agent_timeouts": stats.timeouts, "agent_dropped": stats.dropped_sequences,
+                   "rollout_s": stats.rollout_s}
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
                    "deadline_truncated": stats.deadline_truncated if run.tp_rank == 0 else 0,
@@ -238,6 +284,11 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
     if run.envs.factory is not None:
         stats |= env_metrics(run, totals, r_n)
+    if run.envs.agent is not None:
+        calls, failed, timeouts, dropped = all_sum(totals["agent_calls"], totals["agent_failed"],
+                                                   totals["agent_timeouts"], totals["agent_dropped"])
+        stats |= {"agent/calls_mean": calls / r_n, "agent/failed": failed, "agent/timeouts": timeouts,
+                  "agent/dropped_sequences": dropped}
     return batch, stats
 
 

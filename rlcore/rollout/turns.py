@@ -88,6 +88,8 @@ class Envs:
     workers: int
     encode: Callable[[Any], list[int]]  # observation (text, ids or chat messages) -> token ids
     decode: Callable[[list[int]], str]  # a model turn's ids -> the action text (special tokens dropped)
+    agent: Callable | None = None  # rollout.agent (rlcore.rollout.agents): trajectories are its calls; factory is None
+    endpoint: Any = None  # the agent's endpoint on this rank, started at the first rollout
 
 
 def turn_seed(first_seed: int, turn: int) -> int:
