@@ -72,13 +72,13 @@ async def tool_agent(client, row):
     return float(r.choices[0].message.content == row["answer"])
 
 
-def run(tok, agent, rows, engine=None, max_calls=4, timeout_s=10.0, **kw):
+def run(tok, agent, rows, engine=None, max_calls=4, timeout_s=10.0, workers=8, **kw):
     """Rows through agents.rollout on one rank; -> (trajectories, stats, engine, endpoint)."""
     engine = engine or StepEngine(tok)
     endpoint = Endpoint(tok, 1.0, 16, 96, max_calls, **kw)
     trajs = [Trajectory(tooladd.prompt_ids(tok, r["prompt"]), r, seed=100 + i, owner=0) for i, r in enumerate(rows)]
     try:
-        stats = agents.rollout(engine, endpoint, agent, trajs, 1.0, timeout_s, 8, 0, None)
+        stats = agents.rollout(engine, endpoint, agent, trajs, 1.0, timeout_s, workers, 0, None)
     finally:
         endpoint.shutdown()
     return trajs, stats, engine, endpoint
@@ -215,13 +215,14 @@ def test_agent_failures_are_per_trajectory_and_the_budget_is_a_429(tok):
     assert all(x.tokens == [] for x in trajs[1:4]) and trajs[0].model_tokens > 0
 
 
-def test_many_agents_of_random_latency_all_finish(tok):
+def test_many_agents_of_random_latency_connect_at_once_and_all_finish(tok):
+    """128 agents, 128 at once: each opens its connection in the same instant (the server's listen backlog)."""
     async def agent(client, row):
         await asyncio.sleep(random.Random(row["i"]).random() * 0.05)
         return await tool_agent(client, row)
-    rows = [{"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i), "i": i} for i in range(16)]
-    trajs, stats, engine, _ = run(tok, agent, rows, engine=None)
-    assert [x.env_reward for x in trajs] == [1.0] * 16 and stats.calls == 32 and not any(
+    rows = [{"prompt": f"{10 + i % 80}+{20 + i % 70}=", "answer": str(30 + i % 80 + i % 70), "i": i} for i in range(128)]
+    trajs, stats, engine, _ = run(tok, agent, rows, workers=128)
+    assert [x.env_reward for x in trajs] == [1.0] * 128 and stats.calls == 256 and not any(
         c[0] == "abort" for c in engine.calls)
 
 

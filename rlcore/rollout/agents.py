@@ -26,6 +26,7 @@ agent/dropped_sequences, not trained on.
 """
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import time
@@ -46,6 +47,7 @@ class AgentStats(TurnStats):
     failed: int = 0  # trajectories whose agent raised or was refused (this rank's)
     timeouts: int = 0  # ... that ran past rollout.env_timeout_s
     dropped_sequences: int = 0  # earlier sequences of rewritten histories (not trained on)
+    first_error: str = ""  # why the first failed trajectory (of this rank) failed
 
 
 def check_agent(fn, spec: str) -> None:
@@ -68,22 +70,21 @@ def reward_of(value) -> float:
 def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory], temperature: float,
             timeout_s: float, workers: int, tp_rank: int, tp_group) -> AgentStats:
     """Run every trajectory's agent to its end; fills each of this rank's trajectories from its recorded calls."""
-    from openai import AsyncOpenAI
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
     t0 = time.perf_counter()
     stats, runner, tag = AgentStats(), EnvRunner(workers), next(_rollouts)
     live: dict[str, Request] = {}  # request id -> the request, for requests in the engine (the same on every rank)
     sessions: dict[int, Session] = {}
 
+    # One connection pool for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the
+    # session is the token, not the connection.
+    http = DefaultAsyncHttpxClient()
+
     async def run_agent(x: Trajectory, s: Session):
-        client = AsyncOpenAI(base_url=endpoint.base_url, api_key=s.token, max_retries=0, timeout=timeout_s)
-        try:
-            result = await agent(client, x.row)
-        except Exception:  # the agent's own error, reported by end_of(); a cancelled agent is left to the GC
-            await client.close()
-            raise
-        await client.close()
-        return result
+        client = AsyncOpenAI(base_url=endpoint.base_url, api_key=s.token, max_retries=0, timeout=timeout_s,
+                             http_client=http)
+        return await agent(client, x.row)
 
     for i, x in enumerate(trajs):
         if x.owner == tp_rank:
@@ -136,6 +137,8 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
                 endpoint.wake.wait(POLL_S)
                 endpoint.wake.clear()
     finally:
+        if runner.loop is not None:
+            asyncio.run_coroutine_threadsafe(http.aclose(), runner.loop).result(timeout=5)
         runner.close()
         engine.abort(sorted(live))  # only after an error: a finished rollout leaves no request behind
         for s in sessions.values():
@@ -145,6 +148,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
         stats.dropped_sequences += fill(trajs[i], s)
         stats.failed += trajs[i].error is not None
         stats.timeouts += trajs[i].timed_out
+        stats.first_error = stats.first_error or trajs[i].error or ""
     stats.rollout_s = time.perf_counter() - t0
     return stats
 

@@ -138,6 +138,10 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
         endpoint.temperature = temperature  # the eval's greedy calls are pinned to 0
         stats = agents.rollout(run.engine, endpoint, run.envs.agent, trajs, temperature, r.env_timeout_s,
                                r.env_workers, run.tp_rank, run.tp_group)
+        if stats.first_error and not endpoint.reported:  # once per run; agent/failed counts every step
+            endpoint.reported = True
+            run.logger.print(f"rlcore: warning: agent '{run.envs.spec}' failed a trajectory (the run goes on; "
+                             f"agent/failed counts them): {stats.first_error}")
         return [x for x in trajs if x.owner == run.tp_rank], stats
     if r.schedule == "continuous" and run.envs.factory is not None:  # single-turn: no tool time to overlap
         stats = continuous.rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, temperature, run.tp_rank,

@@ -185,10 +185,10 @@ class Endpoint:
         self.wake = threading.Event()  # set when a request arrives (the rollout loop waits on it when idle)
         self.render_lock = threading.Lock()  # one tokenizer, many HTTP threads
         self.answered = 0  # HTTP requests answered (refusals included)
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self.httpd.daemon_threads = True
+        self.reported = False  # whether the run has printed an agent's failure
+        self.httpd = _Server(("127.0.0.1", 0), _Handler)
         self.httpd.endpoint = self
-        threading.Thread(target=self.httpd.serve_forever, name="rlcore-endpoint", daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="rlcore-endpoint", daemon=True).start()
 
     @property
     def base_url(self) -> str:
@@ -378,8 +378,17 @@ class Endpoint:
                 "total_tokens": len(ids) + len(sample.token_ids)}
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Every agent of a rollout connects in the same instant; the stdlib's backlog of 5 refuses the rest.
+    request_queue_size = 1024
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection across calls
+    # The headers and the body go out in two writes: with Nagle's algorithm the body waits for the client's
+    # delayed ACK of the headers, 40 ms a call.
+    disable_nagle_algorithm = True
 
     def log_message(self, format, *args) -> None:  # noqa: A002 (the stdlib's name); requests are not logged
         pass
