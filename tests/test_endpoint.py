@@ -9,7 +9,8 @@ import openai
 import pytest
 
 from rlcore.rollout import agents, chat
-from rlcore.rollout.endpoint import MODEL, Call, Endpoint, sequences
+from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.engine import Sample
 from rlcore.rollout.turns import Trajectory
 from rlcore.tasks import tooladd

@@ -18,7 +18,7 @@ An agent's failure is its trajectory's, never the run's: an exception, a refused
 the call budget (rollout.max_turns calls) or rollout.env_timeout_s on the whole agent end it with reward 0 and
 no loss on its tokens, counted in agent/failed, agent/timeouts.
 
-Training sequences (rlcore.rollout.endpoint.sequences): calls that extend each other form one sequence with
+Training sequences (rlcore.rollout.sessions.sequences): calls that extend each other form one sequence with
 the non-model tokens masked. When the agent rewrote its history, the calls form several sequences; the Batch
 holds one row per trajectory (prompt groups keep their shape for group baselines), so the trajectory trains on
 its last sequence (the one that ended with the answer the reward judged) and the earlier ones are counted in
@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
-from rlcore.rollout.endpoint import Endpoint, Request, Session, sequences
+from rlcore.rollout.endpoint import Endpoint
+from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
 _rollouts = iter(range(10**12))  # request ids stay unique across rollouts (the same count on every rank)
