@@ -37,7 +37,7 @@ class StepEngine:
         if "<tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:
             reply = (self.answer or text.split("<tool_response>\n")[-1].split("\n")[0]) + "<|im_end|>"
         else:
-            a, b = text.rsplit("<|im_start|>user\n", 1)[1].split("=")[0].split("+")
+            a, b = text.rsplit("<|im_start|>user\n", 1)[-1].split("=")[0].split("+")
             reply = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
         ids = self.tok.encode(reply, add_special_tokens=False)[:max_tokens]
         self.live[rid] = [Sample(ids, [-0.01 * (j + 1) for j in range(len(ids))], "stop"), self.latency]
@@ -233,3 +233,34 @@ def test_an_agent_must_be_an_async_function():
     with pytest.raises(ValueError, match=r"^rollout.agent 'x:agent' is a plain function, not an async function"):
         agents.check_agent(agent, "x:agent")
     agents.check_agent(tool_agent, "x")
+
+
+def test_completions_take_text_or_token_ids_and_ids_extend_the_sequence(tok):
+    """/v1/completions: a text prompt is encoded once; a token-id prompt is used as is, so an agent that sends
+    the previous prompt + completion ids + its own ids continues one sequence (TITO by hand)."""
+    seen = {}
+
+    async def agent(client, row):
+        p1 = tooladd.prompt_ids(tok, row["prompt"])
+        r1 = await client.completions.create(model=MODEL, prompt=p1, max_tokens=16)
+        seen["text"] = r1.choices[0].text
+        ids = p1 + engine_out[0] + tok.encode("\n<|im_start|>user\n<tool_response>\n85\n</tool_response><|im_end|>\n"
+                                              "<|im_start|>assistant\n", add_special_tokens=False)
+        await client.completions.create(model=MODEL, prompt=ids, max_tokens=16)
+        r3 = await client.completions.create(model=MODEL, prompt="47+38=", max_tokens=4)
+        seen["usage"] = r3.usage.prompt_tokens
+        return 1.0
+
+    class Recording(StepEngine):
+        def submit(self, rid, prompt, *a, **kw):
+            super().submit(rid, prompt, *a, **kw)
+            engine_out.append(self.live[rid][0].token_ids)
+    engine_out = []
+    trajs, stats, engine, _ = run(tok, agent, ROWS[:1], engine=Recording(tok))
+    x = trajs[0]
+    assert stats.calls == 3 and stats.failed == 0 and stats.dropped_sequences == 1  # the text call: a new sequence
+    assert seen["text"] == tok.decode(engine_out[0]) and seen["usage"] == len(tok.encode("47+38=",
+                                                                                         add_special_tokens=False))
+    assert x.prompt_ids == tok.encode("47+38=", add_special_tokens=False) and x.tokens == engine_out[2]
+    adds = [c for c in engine.calls if c[0] == "add"]
+    assert adds[1][2][:len(adds[0][2]) + len(engine_out[0])] == adds[0][2] + engine_out[0]
