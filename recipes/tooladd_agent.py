@@ -39,9 +39,10 @@ async def agent(client, row) -> float:
         call = message.tool_calls[0]
         try:
             result = str(await add(**json.loads(call.function.arguments)))
-        except (TypeError, ValueError) as e:  # the model's call was malformed: tell it, as a tool would
-            result = f"error: {e}"
-        messages += [message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": result}]
+        except (TypeError, ValueError):  # a malformed call: no answer (the trajectory ends on it)
+            return 0.0
+        messages += [message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": result}]
         reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
         message = reply.choices[0].message
     return float((message.content or "").strip() == row["answer"])

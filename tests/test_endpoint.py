@@ -221,7 +221,8 @@ def test_many_agents_of_random_latency_connect_at_once_and_all_finish(tok):
     async def agent(client, row):
         await asyncio.sleep(random.Random(row["i"]).random() * 0.05)
         return await tool_agent(client, row)
-    rows = [{"prompt": f"{10 + i % 80}+{20 + i % 70}=", "answer": str(30 + i % 80 + i % 70), "i": i} for i in range(128)]
+    rows = [{"prompt": f"{10 + i % 80}+{20 + i % 70}=", "answer": str(30 + i % 80 + i % 70), "i": i}
+            for i in range(128)]
     trajs, stats, engine, _ = run(tok, agent, rows, workers=128)
     assert [x.env_reward for x in trajs] == [1.0] * 128 and stats.calls == 256 and not any(
         c[0] == "abort" for c in engine.calls)

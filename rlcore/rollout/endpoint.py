@@ -15,8 +15,8 @@ messages extend the previous call's messages plus the reply the server gave (the
 answer, say), its prompt is the previous prompt + the sampled completion + the new messages' ids as the chat
 template renders them after an end of turn (rlcore.rollout.chat.observation_ids): the model's tokens stay
 exactly as sampled. Otherwise (the agent dropped or edited earlier messages) the whole conversation is
-rendered afresh. rlcore.rollout.sessions.sequences then joins the calls: a call whose prompt extends the previous sequence
-continues it (the new non-model tokens masked), any other call opens a new sequence.
+rendered afresh. rlcore.rollout.sessions.sequences then joins the calls: a call whose prompt extends the
+previous sequence continues it (the new non-model tokens masked), any other call opens a new sequence.
 
 Sampling is the run's, so the recorded logprobs are what the trainer recomputes: temperature is pinned to
 rollout.temperature (the same value is accepted, any other refused); top_p 1, top_k off, min_p 0, no
@@ -238,7 +238,7 @@ class Endpoint:
         if isinstance(prompt, str):
             with self.render_lock:
                 ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        elif isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):  # bools are not ids
             ids = list(prompt)  # token ids in: used as they are
         else:
             raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
