@@ -139,7 +139,10 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
                 endpoint.wake.clear()
     finally:
         if runner.loop is not None:
-            asyncio.run_coroutine_threadsafe(http.aclose(), runner.loop).result(timeout=5)
+            try:
+                asyncio.run_coroutine_threadsafe(http.aclose(), runner.loop).result(timeout=5)
+            except TimeoutError:  # an agent blocks the event loop: the pool goes with the process
+                pass
         runner.close()
         engine.abort(sorted(live))  # only after an error: a finished rollout leaves no request behind
         for s in sessions.values():
