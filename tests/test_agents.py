@@ -58,7 +58,7 @@ def test_tooladd_agent_learns(tmp_path, mode):
     """The openai-client agent on the tool task: held-out greedy accuracy +30 points by the demo's bar, the
     engine's logprobs equal to the trainer's, no agent failing, the model's calls parsed into tool_calls."""
     split = ["rollout.ranks=1"] if mode == "split" else []
-    proc = train_cmd("recipe=tooladd_agent", f"output_dir={tmp_path}", "train.steps=16", "train.eval_every=8", *split)
+    proc = train_cmd("recipe=tooladd_agent", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8", *split)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "tooladd_agent" / "metrics.jsonl").read_text().splitlines()]
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
