@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NamedTuple
 
 
 @dataclass
@@ -194,6 +194,23 @@ class Config:
     algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
 
 
+class Models(NamedTuple):
+    """Which of the four models a run builds, and what its engines serve: decided once from the config, and
+    asked by setup, the plan, preflight, LoRA, the engine and the layout lines."""
+    reference: str  # "copy": a frozen copy of the policy; "adapters_off": the policy with its LoRA adapters off; "none"
+    critic: bool  # the algorithm trains a value model (PPO)
+    engine_lora: bool  # the engines serve the LoRA adapters (lora.sync=adapter), not merged full weights
+    lora: bool  # the policy is trained as LoRA adapters over a frozen base
+
+
+def models_of(cfg: Config) -> Models:
+    """The one place that decides the run's models from the config."""
+    lora, needs_reference = cfg.lora.enabled, cfg.algorithm.needs_reference
+    return Models(reference="adapters_off" if needs_reference and lora else "copy" if needs_reference else "none",
+                  critic=bool(getattr(cfg.algorithm, "needs_critic", False)),
+                  engine_lora=lora and cfg.lora.sync == "adapter", lora=lora)
+
+
 def validate(cfg: Config, dims) -> None:
     """Cheap checks of the whole config against the mesh (`dims`: rlcore.parallel.ParallelDims), before
     anything loads. Raises ValueError naming the field."""
@@ -231,7 +248,7 @@ def validate(cfg: Config, dims) -> None:
     if r.max_staleness and not getattr(cfg.algorithm, "tis_cap", 0):
         raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
                          f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
-    if dims.split and cfg.lora.enabled and cfg.lora.sync == "adapter":
+    if dims.split and models_of(cfg).engine_lora:
         raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
     if dims.split and any(spec.model for spec in cfg.rewards):
         raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "

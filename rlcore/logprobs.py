@@ -57,14 +57,14 @@ def prepare(run: Run, batch: Batch, step: int, threshold: float | None = None) -
     cfg = run.cfg
     check = DriftCheck(batch, cfg.rollout.logprob_diff_threshold if threshold is None else threshold, step)
     if not takes_old_logprobs(cfg):
-        batch.old_logprobs = forward_logprobs(run, run.policy, batch)
+        batch.old_logprobs = forward_logprobs(run, run.trainer.policy, batch)
         check()
-    if run.reference is not None:
-        batch.ref_logprobs = forward_logprobs(run, run.reference, batch)
-    elif lora.uses_adapters_off(cfg):  # LoRA: the reference is the policy with its adapters switched off
-        with lora.adapters_off(run.policy):
-            batch.ref_logprobs = forward_logprobs(run, run.policy, batch)
-    if run.critic is not None:
+    if run.trainer.reference is not None:
+        batch.ref_logprobs = forward_logprobs(run, run.trainer.reference, batch)
+    elif run.models.reference == "adapters_off":  # LoRA: the reference is the policy with its adapters switched off
+        with lora.adapters_off(run.trainer.policy):
+            batch.ref_logprobs = forward_logprobs(run, run.trainer.policy, batch)
+    if run.trainer.critic is not None:
         batch.values = forward_values(run, batch)
     batch.advantages, metrics = cfg.algorithm.advantages(batch, reduce_sum)
     return check, metrics
@@ -125,4 +125,4 @@ def logprobs_forward(run: Run, model: torch.nn.Module, with_entropy: bool = Fals
 
 
 def values_forward(run: Run):
-    return lambda ids, mask, positions: models.token_values(run.critic, ids, mask, positions)
+    return lambda ids, mask, positions: models.token_values(run.trainer.critic, ids, mask, positions)

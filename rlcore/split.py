@@ -62,7 +62,7 @@ def probe_logprobs(run: Run, probe: list[list[int]]) -> list[list[float]]:
     ids = torch.tensor([s + [pad_id(run.tokenizer)] * (L - len(s)) for s in probe], device=device_type())
     mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in probe], device=device_type())
     with torch.no_grad():
-        lp = models.token_logprobs(run.policy, ids, mask, 1.0, False, run.cfg.train.logprob_chunk_tokens)
+        lp = models.token_logprobs(run.trainer.policy, ids, mask, 1.0, False, run.cfg.train.logprob_chunk_tokens)
     return [lp[i, :len(s) - 1].float().cpu().tolist() for i, s in enumerate(probe)]
 
 
@@ -221,7 +221,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             raise RunError(error)
         batch = take(t)
         if loop.export_due(t):
-            loop.export(t, group=run.train_group, writer=run.dims.rollout_ranks)
+            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
 
 
 def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
@@ -259,6 +259,6 @@ def train(run: Run, loop: Loop) -> dict[str, float]:
     if run.dims.generates(dist.get_rank()):
         set_scope(link.rollout)
         return generate_side(run, link, loop)
-    set_scope(run.train_group)
+    set_scope(run.trainer.group)
     train_side(run, link, loop)
     return {}

@@ -377,8 +377,8 @@ def test_tool_stats_reach_the_step_metrics(monkeypatch):
     # turn, then the tool/ keys sorted (bad_arguments, calls, malformed, tool_raised, unknown_tool)
     other = [6, 1, 0, 30, 12, 4, 2, 0, 7, 0, 3, 2]
     monkeypatch.setattr(collect, "all_sum", lambda *values: [a + b for a, b in zip(values, other)])
-    run = SimpleNamespace(envs=SimpleNamespace(max_turns=2), cfg=SimpleNamespace(rollout=SimpleNamespace(
-        schedule="lockstep")))
+    run = SimpleNamespace(rollout=SimpleNamespace(envs=SimpleNamespace(max_turns=2)),
+                          cfg=SimpleNamespace(rollout=SimpleNamespace(schedule="lockstep")))
     totals = {"turns": 5, "truncated": 0, "timeouts": 1, "model_tokens": 20, "env_tokens": 8, "active": [4, 1],
               "env_s": 0.5} | mine.metrics("tool/")
     out = collect.env_metrics(run, totals, n=8)

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore import lora
-from rlcore.config import Config
+from rlcore.config import Config, models_of
 from rlcore.weights import checkpoint_weights
 
 # vLLM logs every request batch at INFO; a training run wants its own progress lines.
@@ -74,7 +74,7 @@ class RolloutEngine:
         self.sleep_mode = self.cuda and (dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks)
         # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
         # first sync: B = 0 then, so the base alone is exactly the policy).
-        self.lora = cfg.lora if cfg.lora.enabled and cfg.lora.sync == "adapter" else None
+        self.lora = cfg.lora if models_of(cfg).engine_lora else None
         self.lora_request = None
         self.model_path = cfg.model.path
         lora_args = {}

@@ -119,7 +119,7 @@ for agg in AGG_MODES:
         forwards[0] = 0
         metrics[budget] = update.update(run, batch)
         result[f"{agg}/{budget}/update_passes/rank{rank}"] = forwards[0]
-        for name, opt in (("policy", run.optimizer), ("critic", run.critic_optimizer)):
+        for name, opt in (("policy", run.trainer.optimizer), ("critic", run.trainer.critic_optimizer)):
             grads[name, budget] = opt.grads
             result[f"{agg}/{budget}/{name}_grad"] = max(
                 ((x - y).abs().max() / y.abs().max().clamp(min=1e-3)).item() for x, y in zip(opt.grads, grads[name, 0]))
