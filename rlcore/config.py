@@ -106,7 +106,7 @@ class TrainConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy (rlcore/lora.py); defaults and their sources: /work/shared/notes/lora.md.
+    """LoRA adapters on the policy (rlcore/lora.py); each default's source is beside its field.
     `lora=true` on the command line is short for `lora.enabled=true`."""
     SHORTHAND: ClassVar[str] = "enabled"
     enabled: bool = False  # train low-rank adapters on a frozen base instead of every weight

@@ -17,7 +17,7 @@ what it was (`model.layers.0.self_attn.q_proj.weight`): FSDP2 units, checkpoint-
 
 The PEFT folder (`write_peft` / `read_peft`) is what the engine loads in `lora.sync=adapter` mode and what
 the export writes: adapter_config.json + adapter_model.safetensors with keys
-`base_model.model.<module path>.lora_A.weight`. See /work/shared/notes/lora.md for sources.
+`base_model.model.<module path>.lora_A.weight` (the layout peft writes and vLLM 0.32 loads).
 """
 from __future__ import annotations
 

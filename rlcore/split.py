@@ -45,7 +45,7 @@ from rlcore.collectives import RunError, all_max, all_sum, set_scope
 from rlcore.metrics import peak_memory_gb, reset_peak_memory
 from rlcore.parallel import device_type
 from rlcore.rollout.collect import collect, pad_id
-from rlcore.transfer import Link, exchange, first_error, receive_weights, send_weights
+from rlcore.transfer import Link, error_in, exchange, receive_weights, send_weights
 
 if TYPE_CHECKING:
     from rlcore.loop import Loop
@@ -107,8 +107,8 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         messages = exchange(link, {"batch": share, "error": error, "stop": loop.stop.received, "probe": probe,
                                    "loop": loop.state if dist.get_rank() == 0 else None})
         probe = messages[0]["probe"]
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         loop.state = trainers_state(run, messages)
         stopping = any(m["stop"] for m in messages)
         if t > 0 and (stopping or loop.save_due(t)):
@@ -186,8 +186,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         path = None
         messages = exchange(link, {"batch": None, "error": None, "stop": loop.stop.received, "probe": None,
                                    "loop": loop.state if leader else None})
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         probe = messages[0]["probe"]
         loop.state = trainers_state(run, messages)
         batch = my_slice(run, messages) if t < steps else None
@@ -237,7 +237,7 @@ def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
     t0 = time.perf_counter()
     # Off-policy (k >= 1) the engine's logprobs are an older policy's: no per-step equality to check; the
     # probe after each transfer is the drift alarm.
-    check, advantage_metrics = logprobs.prepare(run, batch, t, None if k == 0 else float("inf"))
+    check, advantage_metrics = logprobs.prepare(run, batch, t, on_policy=k == 0)
     t_logprobs = time.perf_counter() - t0
     t0 = time.perf_counter()
     metrics = advantage_metrics | update.update(run, batch, before_step=check)

@@ -13,15 +13,16 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, export, logprobs, lora, models, preflight, rewards, sandbox, split, transfer, update
-from rlcore.collectives import Preempted, RunError, all_max, all_sum
+from rlcore import checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, transfer, update
+from rlcore.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config, Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
 from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.rollout.collect import collect, evaluate, model_budget
 from rlcore.loop import Loop
+from rlcore.rollout.collect import collect
+from rlcore.rollout.envs import model_budget
 from rlcore.run import Rollout, Run, Trainer
 from rlcore.summary import Summary
 

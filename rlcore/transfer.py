@@ -106,7 +106,7 @@ def exchange(link: Link, mine: dict) -> list[dict]:
     return out
 
 
-def first_error(messages: list[dict]) -> str | None:
+def error_in(messages: list[dict]) -> str | None:
     return next((m["error"] for m in messages if m and m.get("error")), None)
 
 

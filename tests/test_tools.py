@@ -295,7 +295,7 @@ def test_startup_renders_the_tools_into_prompts(tmp_path):
 
 def test_startup_refuses_tools_the_model_cannot_see(tmp_path):
     from rlcore.data import load_tokenizer
-    from rlcore.rollout.collect import make_envs
+    from rlcore.rollout.envs import make_envs
     cfg = startup_config(tmp_path)
     cfg.rollout.env = lambda row: Adder(row)
     with pytest.raises(ValueError, match=r"^rollout.env '.*' makes environments with tools but does not declare "

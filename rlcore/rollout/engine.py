@@ -134,9 +134,6 @@ class RolloutEngine:
                         [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else [],
                         c.finish_reason or "") for c in out.outputs] for out in outs]
 
-    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        return [s[0].token_ids for s in self.generate(prompts, 1, max_tokens, 0.0, [None] * len(prompts))]
-
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""
         from vllm import SamplingParams
