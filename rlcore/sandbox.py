@@ -58,12 +58,11 @@ import time
 from dataclasses import dataclass
 
 from rlcore.config import SandboxConfig  # the limits: the run config's `sandbox` section
+from rlcore.sandbox_zygote import MECHANISMS  # what isolates a call: each a key of `status`
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 GRACE_S = 5.0  # the trainer gives a worker this long past timeout_s (fork, reaping, cleanup) before killing it
 POLL_S = 0.05  # how often a call or a wait for a worker looks at its `cancel` event, seconds
-# what isolates a call, each in `status` (True where active; `status["refused"]` says why not)
-MECHANISMS = ("network_isolated", "ipc_namespace", "mount_namespace", "pid_namespace", "proc_hidden")
 
 
 @dataclass
@@ -130,15 +129,14 @@ class Sandbox:
     def _wait_for_worker(self, deadline: float | None, cancel: threading.Event | None) -> _Worker | str:
         """A free worker, or "timeout" / "cancelled" if none frees up before the deadline / the cancel."""
         while True:
-            waits = [deadline - time.monotonic()] if deadline is not None else []
-            try:  # a short wait at a time only when there is a cancel to watch
-                worker = self._idle.get(timeout=max(min(waits + [POLL_S] * bool(cancel)), 0) if waits or cancel
-                                        else None)
+            if cancel is not None and cancel.is_set():
+                return "cancelled"
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return "timeout"
+            try:  # with a cancel to watch, a little at a time
+                worker = self._idle.get(timeout=left if cancel is None else min(POLL_S, left or POLL_S))
             except queue.Empty:
-                if cancel is not None and cancel.is_set():
-                    return "cancelled"
-                if deadline is not None and time.monotonic() >= deadline:
-                    return "timeout"
                 continue
             if worker is None:  # closed: pass the news on to the next waiter
                 self._idle.put(None)
@@ -222,7 +220,7 @@ class _Worker:
 
     def __init__(self, config: SandboxConfig, root: str, uid: int | None = None):
         # a uid of its own per worker (2^30 + pid * 256 + slot: used by no account, unique among live
-        # trainers), so that the worker's kill(-1) as that uid reaches only its own code's processes
+        # trainers): RLIMIT_NPROC and same-uid access (signals, ptrace) stay within one call's processes
         self.uid = uid or 2**30 + (os.getpid() % 2**22) * 256 + next(_slots) % 256
         self.config, self.home = config, os.path.join(root, str(self.uid))
         os.makedirs(self.home, mode=0o711, exist_ok=True)  # the worker's, not the code's: it cannot write here

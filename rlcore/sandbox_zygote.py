@@ -35,6 +35,8 @@ import traceback
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
        "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one thread each: numpy starts under RLIMIT_AS
 NOFILE = 256  # open files per process in the sandbox
+# what isolates a call, each a key of the sandbox's `status` (True where active; status["refused"] says why not)
+MECHANISMS = ("network_isolated", "ipc_namespace", "mount_namespace", "pid_namespace", "proc_hidden")
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x00020000, 0x08000000, 0x20000000
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE = 1, 4
