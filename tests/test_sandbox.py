@@ -59,6 +59,7 @@ def assert_usable(box: Sandbox) -> None:
     ("cpu_s", -1.0, "sandbox.cpu_s must be a finite number of seconds > 0 (got -1.0)"),
     ("memory_mb", 0, "sandbox.memory_mb must be a whole number >= 1 (got 0)"),
     ("file_mb", 1.5, "sandbox.file_mb must be a whole number >= 1 (got 1.5)"),
+    ("tmp_mb", 0, "sandbox.tmp_mb must be a whole number >= 1 (got 0)"),
     ("max_processes", -3, "sandbox.max_processes must be a whole number >= 1 (got -3)"),
     ("max_output_bytes", 0, "sandbox.max_output_bytes must be a whole number >= 1 (got 0)"),
     ("workers", 0, "sandbox.workers must be a whole number >= 1 (got 0)"),
