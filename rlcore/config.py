@@ -145,7 +145,8 @@ class SandboxConfig:
     cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
     memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
     file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
-    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
+    tmp_mb: int = 64  # size of each call's private tmpfs (its cwd, /tmp, /var/tmp and /dev/shm: RAM), MiB
+    max_processes: int = 32  # RLIMIT_NPROC of the call's uid: the code's processes at once (binds after the user drop)
     max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
     workers: int = 2  # warm worker processes per rank: calls that run at once
     # modules each worker imports before it drops its user: free in every call, and the only ones there are
@@ -278,7 +279,7 @@ def _one_of(*names):
 
 _SECONDS = (lambda v: 0 < v < math.inf, "a finite number of seconds > 0")  # inf would disarm the deadlines
 _SANDBOX = {"timeout_s": _SECONDS, "cpu_s": _SECONDS, "memory_mb": _whole(1), "file_mb": _whole(1),
-            "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
+            "tmp_mb": _whole(1), "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
 # Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
 # are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
 _OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
