@@ -55,9 +55,10 @@ def config() -> Config:
         data=DataConfig(path=str(tooladd.train_file()), eval_path=str(tooladd.eval_file()),
                         prompt_column="prompt", chat_template=True, max_prompt_tokens=32),
         # Two calls per trajectory at most (a tool call, then the answer); the conversation fits 32 + 32 tokens.
+        # env_workers: every trajectory of a rank has its agent running at once (they wait on the engine).
         rollout=RolloutConfig(group_size=8, prompts_per_step=32, max_new_tokens=16, max_total_tokens=32,
                               agent=agent, max_turns=2, temperature=1.0, cpu_kv_cache_gb=0.5,
-                              logprob_diff_threshold=1e-3, env_workers=64),
+                              logprob_diff_threshold=1e-3, env_workers=256),
         optim=OptimConfig(lr=1e-4, warmup_steps=5, schedule="constant", max_grad_norm=1.0),
         train=TrainConfig(steps=60, mini_batches=1, micro_batch_size=128, eval_every=10),
         algorithm=GRPO(clip_low=0.2, clip_high=0.2, kl_coef=0.0, loss_agg="token-mean"),
