@@ -161,7 +161,7 @@ def check(cfg, hf_config, cuda: bool) -> None:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
         raise ValueError(f"lora.enabled=true needs an unquantized base: model.path '{cfg.model.path}' is quantized "
                          f"({method}); the engine would serve another base than the trainer's (no QLoRA)")
-    if getattr(cfg.algorithm, "needs_critic", False):
+    if cfg.algorithm.needs_critic:
         raise ValueError(f"lora.enabled=true with a critic (critic.path='{cfg.critic.path}'): a critic cannot share "
                          f"the policy's adapters; set lora.enabled=false or use a critic-free algorithm (GRPO)")
     experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)

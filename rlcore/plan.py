@@ -210,7 +210,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     lo = cfg.lora
     adapters = actor.adapter_params(lo.rank, lo.targets) if lo.enabled else 0
     models = [Model("actor", m.path, actor, trained=True, adapters=adapters)]
-    if getattr(cfg.algorithm, "needs_critic", False):
+    if cfg.algorithm.needs_critic:
         path = m.path if cfg.critic.path == "policy" else cfg.critic.path
         models.append(Model("critic", path, Shapes.from_config(read_config(path, "critic.path")), trained=True))
     if cfg.algorithm.needs_reference and not lo.enabled:  # LoRA: the actor with adapters off is the reference

@@ -114,7 +114,7 @@ def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
         if spec.model:
             models.check_reward_model(spec.model, f"rewards[{i}].model")
             weights[f"rewards[{i}].model"] = spec.model
-    if getattr(cfg.algorithm, "needs_critic", False) and cfg.critic.path != "policy":
+    if cfg.algorithm.needs_critic and cfg.critic.path != "policy":
         if not models.is_value_model(cfg.critic.path):
             models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
         weights["critic.path"] = cfg.critic.path

@@ -137,7 +137,7 @@ def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, rewar
 
 
 def needs_critic(cfg: Config) -> bool:
-    return bool(getattr(cfg.algorithm, "needs_critic", False))
+    return cfg.algorithm.needs_critic
 
 
 def total_optimizer_steps(cfg: Config) -> int:
