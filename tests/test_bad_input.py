@@ -202,6 +202,40 @@ def test_user_code_raising(entry, tmp_path, case, says):
     assert debug.stderr.strip().splitlines()[-1].startswith("rlcore: error:")
 
 
+FORK = '''
+from pathlib import Path
+from rlcore.cli import load_recipe
+from rlcore.objectives import PolicyLoss
+
+class Forgot(PolicyLoss):  # a fork that never wrote its advantages
+    pass
+
+class Duck:  # not a subclass: no flags
+    def advantages(self, batch, reduce):
+        return batch.loss_mask, {{}}
+
+    def loss(self, batch, logprobs, norm):
+        return logprobs.sum(), {{}}
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    cfg.algorithm = {algorithm}()
+    return cfg
+'''
+
+
+@pytest.mark.parametrize("algorithm, says", [
+    ("Forgot", "algorithm Forgot does not implement advantages(): see its docstring in "
+               "rlcore.algorithms.base.Algorithm"),
+    ("Duck", "algorithm Duck has no needs_critic: subclass rlcore.algorithms.base.Algorithm, which documents every "
+             "hook and gives each flag its default"),
+])
+def test_forked_algorithm_missing_a_piece(entry, tmp_path, algorithm, says):
+    (tmp_path / "fork.py").write_text(FORK.format(root=ROOT, algorithm=algorithm))
+    proc = entry.train(f"recipe={tmp_path}/fork.py", f"output_dir={tmp_path}/runs")
+    assert rejected(proc, tmp_path / "runs") == f"rlcore: error: {says}"
+
+
 # ------------------------------------------------------------------------- (d) tools (rlcore.rollout.tools)
 
 TOOL_RECIPE = '''
