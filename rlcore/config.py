@@ -174,6 +174,9 @@ class LoggingConfig:
     """TensorBoard (runs/<name>/tb) and metrics.jsonl always; Weights & Biases on request."""
     wandb: bool = False  # mirror every logged key and the config to wandb (pip install 'rlcore[wandb]')
     wandb_project: str = "rlcore"  # wandb project; the run is named after `name` (WANDB_MODE=offline works)
+    # show other libraries' warnings, deprecation notices and progress bars (vLLM, torch, transformers,
+    # datasets), for debugging; false: their errors only. RLCORE_LIBRARY_LOGS=1 does the same (docs/running.md)
+    library_logs: bool = False
 
 
 @dataclass

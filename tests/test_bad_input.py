@@ -1,7 +1,7 @@
 """Bad input, class by class, through the real entry point (launch/train.py): every case ends in exit 2 and
 one `rlcore: error:` line naming the key or file, before any engine starts, with no run directory written.
 
-Classes (the README's "Bad input" table): (a) user files missing, empty, truncated, corrupted or of the
+Classes (the "Bad input" table of docs/bad_input.md): (a) user files missing, empty, truncated, corrupted or of the
 wrong kind; (b) numeric fields out of range, zero, negative or NaN, and named choices that do not exist;
 (c) output locations that cannot be created, and run names that would leave output_dir; (d) the user's own
 code raising (recipe, prepare, reward and environment files), and tools declared wrongly or that the model's chat
