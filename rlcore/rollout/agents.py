@@ -38,8 +38,6 @@ from rlcore.rollout.endpoint import Endpoint
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
-GATHER_S = 0.02  # longest a tick waits for more calls to arrive before they go to the engine together
-GATHER_GAP_S = 0.002  # ... as long as the next one comes within this
 _rollouts = iter(range(10**12))  # request ids stay unique across rollouts (the same count on every rank)
 
 
@@ -96,15 +94,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
     try:
         while not all(x.done for x in trajs):
             # 1. agree: this rank's new requests and finished agents, merged over the group
-            endpoint.wake.clear()
-            calls = endpoint.take()
-            # Calls arrive one HTTP request at a time, but an engine step costs about the same for one new
-            # request as for many: while they keep coming (a gap under GATHER_GAP_S), gather them, GATHER_S at most.
-            t = time.perf_counter()
-            while calls and time.perf_counter() - t < GATHER_S and endpoint.wake.wait(GATHER_GAP_S):
-                endpoint.wake.clear()
-                calls += endpoint.take()
-            local = {("call", r.index, r.call): r for r in calls}
+            local = {("call", r.index, r.call): r for r in endpoint.take()}
             for i, o in runner.finished(timeout_s).items():
                 local[("end", i)] = end_of(o)
             t = time.perf_counter()
@@ -146,6 +136,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
                 stats.generate_s += time.perf_counter() - t
             elif not all(x.done for x in trajs):
                 endpoint.wake.wait(POLL_S)
+                endpoint.wake.clear()
     finally:
         if runner.loop is not None:
             try:
