@@ -98,15 +98,25 @@ class Sandbox:
                        "uid": [h["uid"] for h in hello], "workers": self.config.workers}
         atexit.register(self.close)
 
-    def run(self, code: str) -> Result:
+    def run(self, code: str, timeout_s: float | None = None) -> Result:
         """Run `code` in a fresh child of a free worker (blocks until one is free); never raises for what the
-        code does."""
-        worker = self._idle.get()
+        code does. `timeout_s` (at most the config's) bounds this call, the wait for a free worker included:
+        a caller with a deadline of its own (a tool within its turn's) passes what is left of it."""
+        start, limit = time.monotonic(), min(timeout_s, self.config.timeout_s) if timeout_s else None
+        try:
+            worker = self._idle.get(timeout=limit)
+        except queue.Empty:
+            worker = False
         if worker is None:  # closed: pass the news on to the next waiter
             self._idle.put(None)
             raise RuntimeError("the sandbox is closed")
+        left = None if limit is None else limit - (time.monotonic() - start)
+        if worker is False or left is not None and left <= 0:
+            if worker:
+                self._idle.put(worker)
+            return Result(False, "timeout", "", "", None, time.monotonic() - start)  # never started
         try:
-            return worker.call(code)
+            return worker.call(code, left)
         finally:
             with self._lock:
                 if not worker.alive() and not self._closed:  # it died: the same slot gets a fresh process
@@ -123,8 +133,8 @@ class Sandbox:
         self._all = [fresh if w is dead else w for w in self._all]
         return fresh
 
-    async def arun(self, code: str) -> Result:
-        return await asyncio.to_thread(self.run, code)
+    async def arun(self, code: str, timeout_s: float | None = None) -> Result:
+        return await asyncio.to_thread(self.run, code, timeout_s)
 
     def close(self) -> None:
         with self._lock:
@@ -210,12 +220,12 @@ class _Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def call(self, code: str) -> Result:
-        start = time.monotonic()
+    def call(self, code: str, timeout_s: float | None = None) -> Result:
+        start, timeout_s = time.monotonic(), timeout_s or self.config.timeout_s
         try:
-            self.proc.stdin.write(json.dumps({"code": code}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps({"code": code, "timeout_s": timeout_s}).encode() + b"\n")
             self.proc.stdin.flush()
-            line = self._read_line(start + self.config.timeout_s + GRACE_S)
+            line = self._read_line(start + timeout_s + GRACE_S)
         except (OSError, ValueError):  # the worker is gone (broken pipe, or stopped by close())
             line = None
         if line is None:

@@ -2,10 +2,10 @@
 
 Started by rlcore.sandbox, once per pool slot. Set up once: a new network namespace where allowed, the
 preloaded modules, and child-subreaper status so that every process the code leaves behind becomes ours to
-kill and reap. Then, per line of stdin ({"code": ...}): fork a child that takes its own session, (as root)
-the slot's uid, the limits, a fresh scratch directory and pipes for stdout/stderr, and runs the code;
-collect its output up to the cap and by the deadline; kill and reap everything; remove the scratch
-directory; answer one JSON line on stdout. EOF on stdin: clean up and exit.
+kill and reap. Then, per line of stdin ({"code": ..., "timeout_s": this call's wall clock}): fork a child
+that takes its own session, (as root) the slot's uid, the limits, a fresh scratch directory and pipes for
+stdout/stderr, and runs the code; collect its output up to the cap and by the deadline; kill and reap
+everything; remove the scratch directory; answer one JSON line on stdout. EOF on stdin: clean up and exit.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def main(cfg: dict) -> None:
     answer({"network_isolated": isolated, "user_dropped": uid is not None, "uid": os.getuid() if uid is None
             else uid, "stdlib_readable": True if uid is None else readable})
     for line in sys.stdin.buffer:
-        answer(_execute(json.loads(line)["code"], cfg, uid))
+        request = json.loads(line)
+        answer(_execute(request["code"], cfg | {"timeout_s": request.get("timeout_s", cfg["timeout_s"])}, uid))
     _reap(None, uid)
 
 

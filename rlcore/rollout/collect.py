@@ -21,6 +21,7 @@ from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.errors import describe
 from rlcore.rollout import continuous
 from rlcore.rollout.env import call_all, check_env
+from rlcore.rollout.observation import encoder
 from rlcore.rollout.tools import declared_tools, tool_stats
 from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
 
@@ -41,7 +42,7 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     if not r.env:
         if r.max_turns > 1 or r.max_total_tokens:
             raise ValueError("rollout.max_turns and rollout.max_total_tokens need an environment: set rollout.env")
-        return Envs(None, "", 1, [], r.env_timeout_s, 1, lambda obs: [], decode)
+        return Envs(None, "", 1, [], r.env_timeout_s, 1, lambda obs: [], decode, r.turn_deadline_s, r.max_tool_calls)
     spec = r.env if isinstance(r.env, str) else rewards.fn_name(r.env)
     factory = rewards.resolve(r.env, "rollout.env")
     if r.max_total_tokens < r.max_new_tokens:
@@ -70,21 +71,8 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
                          f"set data.chat_template=true")
     if toolbox:
         toolbox.check_template(tokenizer, cfg.model.path)
-
-    def encode(obs) -> list[int]:
-        if isinstance(obs, str):
-            ids = tokenizer.encode(obs, add_special_tokens=False)
-        elif obs and isinstance(obs[0], dict):
-            from rlcore.rollout import chat
-            ids = chat.observation_ids(tokenizer, obs)
-        else:
-            ids = [int(i) for i in obs]
-        bad = [i for i in ids if not 0 <= i < vocab_size]
-        if bad:
-            raise ValueError(f"observation token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})")
-        return ids
-
-    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode)
+    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers,
+                encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens), decode, r.turn_deadline_s, r.max_tool_calls)
 
 
 def model_budget(cfg, envs: Envs) -> int:
@@ -135,7 +123,7 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
         r = run.cfg.rollout
         parts["env"] = torch.tensor([x.env_reward for x in mine])
         total = total + r.env_weight * parts["env"]
-        total[torch.tensor([x.timed_out for x in mine], dtype=torch.bool)] = 0.0
+        total[torch.tensor([x.timed_out or x.failed is not None for x in mine], dtype=torch.bool)] = 0.0
         if r.truncated_reward is not None:
             total[torch.tensor([x.truncated for x in mine], dtype=torch.bool)] = r.truncated_reward
     return total, parts
@@ -171,7 +159,8 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "rollout_s": rollout_s,
               "reward_s": time.perf_counter() - t, "active": stats.active if run.tp_rank == 0 else [],
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
-              "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
+              "timeouts": sum(x.timed_out for x in mine), "failed": sum(x.failed is not None for x in mine),
+              "model_tokens": sum(x.model_tokens for x in mine),
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
     if declared_tools(run.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
@@ -248,11 +237,12 @@ def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
     active = (totals["active"] + [0] * turns)[:turns]
     tools = sorted(k for k in totals if k.startswith("tool/"))
     sums = all_sum(totals["turns"], totals["truncated"], totals["timeouts"], totals["model_tokens"],
-                   totals["env_tokens"], *active, *(totals[k] for k in tools))
+                   totals["env_tokens"], totals["failed"], *active, *(totals[k] for k in tools))
     out = {"env/turns_mean": sums[0] / n, "env/truncated_frac": sums[1] / n, "env/timeouts": sums[2],
-           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"]}
-    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:5 + turns])}
-    out |= {k: int(v) for k, v in zip(tools, sums[5 + turns:])}
+           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"],
+           "rollout/failed_trajectories": int(sums[5])}
+    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[6:6 + turns])}
+    out |= {k: int(v) for k, v in zip(tools, sums[6 + turns:])}
     if run.cfg.rollout.schedule == "continuous":  # every rank runs it (a collective)
         idle, rollout_s, calls_per_s, deadline, budget = all_sum(
             totals.get("idle_s", 0.0), totals.get("rollout_s", 0.0),

@@ -42,6 +42,7 @@ import asyncio
 import concurrent.futures as cf
 import inspect
 import itertools
+import math
 import queue
 import threading
 import time
@@ -50,8 +51,9 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from rlcore.config import RolloutConfig
 from rlcore.errors import describe
-from rlcore.rollout.env import Outcome
+from rlcore.rollout.env import Limits, Outcome, awithin, within
 from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome, start,
                                   turn_seed)
 
@@ -79,10 +81,14 @@ class EnvRunner:
         runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
 
     Daemon threads, not a ThreadPoolExecutor: the executor's threads are joined when the process exits, so a
-    call stuck for good would hold up the end of the run after the rollout had long abandoned it."""
+    call stuck for good would hold up the end of the run after the rollout had long abandoned it.
 
-    def __init__(self, workers: int):
-        self.workers = workers
+    Each call runs with Limits (rlcore.rollout.env) that end when the loop would give up on it: `timeout_s`
+    after its start, and no later than `until` (time.perf_counter(): the rollout's budgets)."""
+
+    def __init__(self, workers: int, timeout_s: float = math.inf, max_tool_calls: int = RolloutConfig.max_tool_calls,
+                 until: float = math.inf):
+        self.workers, self.timeout_s, self.max_tool_calls, self.until = workers, timeout_s, max_tool_calls, until
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.threads = 0
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -108,7 +114,7 @@ class EnvRunner:
                 continue
             clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
             try:
-                future.set_result(fn(*args))
+                future.set_result(within(self._limits(clock["t"]), fn, *args))
             except Exception as e:  # the environment's own error: handed to finished() with the future
                 future.set_exception(e)
 
@@ -117,7 +123,10 @@ class EnvRunner:
             self.limit = asyncio.Semaphore(self.workers)
         async with self.limit:
             clock["t"] = time.perf_counter()
-            return await fn(*args)
+            return await awithin(self._limits(clock["t"]), fn, *args)
+
+    def _limits(self, started: float) -> Limits:
+        return Limits.starting_now(min(self.timeout_s, self.until - started), self.max_tool_calls)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -197,7 +206,9 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
     rlcore.rollout.turns.rollout, which this matches trajectory by trajectory, plus the two budgets (0 = none).
     `engine` needs submit / step / busy / abort (rlcore.rollout.engine.RolloutEngine)."""
     t0 = time.perf_counter()
-    stats, runner, tag = ContinuousStats(), EnvRunner(envs.workers), next(_rollouts)
+    budget = min([b for b in (trajectory_timeout_s, step_deadline_s) if b] or [math.inf])
+    runner = EnvRunner(envs.workers, min(envs.timeout_s, envs.turn_s), envs.max_tool_calls, t0 + budget)
+    stats, tag = ContinuousStats(), next(_rollouts)
     live: dict[str, int] = {}  # request id -> trajectory, for requests in the engine (the same on every rank)
     caps: dict[int, int] = {}  # each live request's token cap (decides whether a cut action is complete)
     mine = [i for i, x in enumerate(trajs) if x.owner == tp_rank]
