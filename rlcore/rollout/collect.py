@@ -71,8 +71,9 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
                          f"set data.chat_template=true")
     if toolbox:
         toolbox.check_template(tokenizer, cfg.model.path)
-    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers,
-                encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens), decode, r.turn_deadline_s, r.max_tool_calls)
+    encode = encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens)
+    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode, r.turn_deadline_s,
+                r.max_tool_calls)
 
 
 def model_budget(cfg, envs: Envs) -> int:

@@ -116,7 +116,8 @@ def check_env(env: Any, spec: str, vocab: Callable[[str], list[int]]) -> tuple[i
 
 # ---- limits of one environment call ------------------------------------------------------------------------
 
-ANSWER_S = 0.1  # tools stop this long before the loop gives up on a call, so that their answer is back first
+ANSWER_S = 0.25  # tools stop this long (at most a quarter of the call's time) before the loop gives up on the
+# call, so that their answer, and the sandbox worker they held, are back before it does
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,7 @@ class Limits:
     @staticmethod
     def starting_now(seconds: float, max_tool_calls: int) -> Limits:
         """The limits of a call that the loop gives up on `seconds` from now."""
-        return Limits(time.monotonic() + seconds - min(ANSWER_S, max(seconds, 0.0) / 10), max_tool_calls)
+        return Limits(time.monotonic() + seconds - min(ANSWER_S, max(seconds, 0.0) / 4), max_tool_calls)
 
 
 # Outside a rollout (a test, a notebook) there is no deadline and the config's default cap.

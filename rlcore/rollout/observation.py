@@ -44,8 +44,8 @@ def bounded(obs: Any, max_chars: int) -> Any:
             return value
         if depth > 8:  # chat messages are shallow; deeper content is left as the environment made it
             return value
-        if isinstance(value, dict):
-            return {k: walk(v, depth + 1) for k, v in value.items()}
+        if isinstance(value, dict):  # a message's role is never cut: the template needs it whole
+            return {k: clean(v) if k == "role" and isinstance(v, str) else walk(v, depth + 1) for k, v in value.items()}
         if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
             kept = []
             for m in value:

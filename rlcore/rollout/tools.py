@@ -58,6 +58,7 @@ from typing import Any, Callable
 from rlcore import sandbox
 from rlcore.errors import one_line
 from rlcore.rollout.env import Env, Step, limits, time_left
+from rlcore.rollout.observation import clean
 from rlcore.rollout.toolcall import PARSERS, ToolCall, brief, json_type, parse
 
 
@@ -193,7 +194,8 @@ class Toolbox:
     def call(self, call: ToolCall) -> tuple[str, str | None]:
         """Run one call: (message content, kind of failure or None). Never raises for the tool's own errors."""
         if call.name not in self.functions:
-            return self._cut(f"error: unknown tool '{brief(call.name)}'; tools: {', '.join(self.names)}"), "unknown_tool"
+            known = ", ".join(self.names)
+            return self._cut(f"error: unknown tool '{brief(call.name)}'; tools: {known}"), "unknown_tool"
         schema = self._by_name[call.name]
         if (err := check_arguments(call.arguments, schema)) is not None:
             return self._cut(f"error: {call.name}: {err}; expected {_signature(schema)}"), "bad_arguments"
@@ -210,9 +212,10 @@ class Toolbox:
         return self._cut(value), None
 
     def _cut(self, text: str) -> str:
-        if len(text) <= self.max_chars:
-            return text
-        return text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
+        """At most max_chars characters (and a note of how many more), lone surrogates replaced."""
+        if len(text) > self.max_chars:
+            text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
+        return clean(text)
 
     def run(self, calls: list[ToolCall], parse_error: str | None = None) -> tuple[list[dict], ToolStats]:
         """Tool messages for a turn's calls (in order, then the parse error if any) and their counts, within
