@@ -126,7 +126,7 @@ class EnvRunner:
             return await awithin(self._limits(clock["t"]), fn, *args)
 
     def _limits(self, started: float) -> Limits:
-        return Limits.starting_now(min(self.timeout_s, self.until - started), self.max_tool_calls)
+        return Limits.starting_now(self.timeout_s, self.max_tool_calls, self.until - started)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:

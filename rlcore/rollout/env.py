@@ -126,9 +126,11 @@ class Limits:
     max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
 
     @staticmethod
-    def starting_now(seconds: float, max_tool_calls: int) -> Limits:
-        """The limits of a call that the loop gives up on `seconds` from now."""
-        return Limits(time.monotonic() + seconds - min(ANSWER_S, max(seconds, 0.0) / 4), max_tool_calls)
+    def starting_now(seconds: float, max_tool_calls: int, budget_s: float = math.inf) -> Limits:
+        """The limits of a call that the loop gives up on `seconds` from now, or when a budget of the whole
+        rollout ends `budget_s` from now (the continuous schedule's), whichever comes first."""
+        now = time.monotonic()
+        return Limits(min(now + seconds - min(ANSWER_S, seconds / 4), now + budget_s - ANSWER_S), max_tool_calls)
 
 
 # Outside a rollout (a test, a notebook) there is no deadline and the config's default cap.
