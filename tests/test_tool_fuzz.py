@@ -159,16 +159,21 @@ def test_seeded_random_turns(encode):
     assert time.perf_counter() - t0 < 30.0
 
 
-def test_unclosed_openers_parse_in_linear_time():
-    """A lazy regex took 17 s on 16k unclosed <tool_call> openers (quadratic); 20k and 80k take well under a
-    second. The first opener reads to the end, so it is one call, and its error is JSON's."""
-    for n, error in ((20_000, "invalid JSON (Expecting value, line 1 column 1)"),
-                     (80_000, "the call is 879989 characters long; at most 262144 are read")):
+def test_parsers_take_linear_time():
+    """Many short calls in one Llama/Mistral turn: slicing the rest of the text after each call made 40k calls
+    (1.8 MB) take 4.4 s, quadratic; now a text past MAX_CALL_CHARS is refused at once and 5000 calls under it
+    parse in milliseconds. Unclosed <tool_call> openers: the first reads to the end, one call."""
+    one = '{"name": "echo", "arguments": {"text": "a"}};'
+    for n, count, error in ((5000, 5000, None), (40_000, 0, "the call is 1800000 characters long; at most 262144 "
+                                                              "are read")):
         t0 = time.perf_counter()
-        assert parse("hermes", "<tool_call>" * n) == ([], error)
-        assert time.perf_counter() - t0 < 0.5
+        calls, err = parse("llama3", one * n)
+        assert (len(calls), err) == (count, error) and time.perf_counter() - t0 < 0.5
+    t0 = time.perf_counter()
+    assert parse("hermes", "<tool_call>" * 20_000) == ([], "invalid JSON (Expecting value, line 1 column 1)")
     calls, error = parse("hermes", "<tool_call>{}</tool_call>" * 20_000)
     assert calls == [] and error.endswith("; and 19997 more errors") and len(error) < 200
+    assert time.perf_counter() - t0 < 0.5
 
 
 def test_errors_name_what_is_wrong():
