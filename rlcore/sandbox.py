@@ -3,6 +3,7 @@
     sandbox = Sandbox(SandboxConfig(timeout_s=5, workers=2))     # or Sandbox(timeout_s=5)
     result = sandbox.run("print(sum(range(10)))")                  # thread-safe; `await sandbox.arun(code)`
     result.ok, result.stdout, result.status                        # True, "45\n", "ok"
+    sandbox.run(code, timeout_s=2)      # a shorter deadline for this call (a tool's, within its turn)
     observation = result.text()                                    # stdout + stderr + "[status ...]" if not ok
     sandbox.status      # {"network_isolated": True, "user_dropped": True, "stdlib_readable": True, ...}
     sandbox.close()                                                # also at exit
@@ -102,7 +103,7 @@ class Sandbox:
         """Run `code` in a fresh child of a free worker (blocks until one is free); never raises for what the
         code does. `timeout_s` (at most the config's) bounds this call, the wait for a free worker included:
         a caller with a deadline of its own (a tool within its turn's) passes what is left of it."""
-        start, limit = time.monotonic(), min(timeout_s, self.config.timeout_s) if timeout_s else None
+        start, limit = time.monotonic(), None if timeout_s is None else min(timeout_s, self.config.timeout_s)
         try:
             worker = self._idle.get(timeout=limit)
         except queue.Empty:
@@ -221,7 +222,7 @@ class _Worker:
         return self.proc.poll() is None
 
     def call(self, code: str, timeout_s: float | None = None) -> Result:
-        start, timeout_s = time.monotonic(), timeout_s or self.config.timeout_s
+        start, timeout_s = time.monotonic(), self.config.timeout_s if timeout_s is None else timeout_s
         try:
             self.proc.stdin.write(json.dumps({"code": code, "timeout_s": timeout_s}).encode() + b"\n")
             self.proc.stdin.flush()

@@ -50,7 +50,8 @@ def test_a_turn_of_100_calls_keeps_to_its_cap_and_deadline(one_worker):
     assert [m["content"] for m in ran] == [f"{k}\n" for k in range(len(ran))]
     not_run = 8 - len(ran) - 1
     assert messages[len(ran) + 1:] == [
-        {"role": "tool", "content": f"error: {not_run} tool calls were not run: the turn's time ran out"},
+        {"role": "tool", "content": f"error: {not_run} tool calls were not run: the turn's time ran out"
+                                    if not_run > 1 else "error: 1 tool call was not run: the turn's time ran out"},
         {"role": "tool", "content": "error: 92 more tool calls were not run: at most 8 per turn"}]
     assert env.stats == ToolStats(calls=100, too_many_calls=92, deadline=not_run + 1)
     assert python("print(2)") == "2\n"  # the worker is free again
@@ -161,7 +162,7 @@ def test_async_tools_are_cancelled_at_the_deadline():
     step = within(Limits(time.monotonic() + 0.5, 8), env.step, turn, [])
     assert time.perf_counter() - t0 < 1.0
     assert [m["content"] for m in step.observation] == [
-        "waited", "error: stopped: the turn's time ran out", "error: 1 tool calls were not run: the turn's time ran out"]
+        "waited", "error: stopped: the turn's time ran out", "error: 1 tool call was not run: the turn's time ran out"]
     assert env.stats == ToolStats(calls=3, deadline=2)
 
 

@@ -19,7 +19,10 @@ in a background thread, each at most rollout.env_workers at once. The main loop 
 without a deadline, so a stuck tool cannot stall the step: it ends its trajectory after
 rollout.env_timeout_s (timed out, reward 0), rollout.trajectory_timeout_s or rollout.step_deadline_s
 (truncated: its in-flight request is aborted, a pending observation dropped; it ends on its last model turn).
-Both budgets are checked once per tick, so they act at most one tick's engine steps late.
+Both budgets are checked once per tick, so they act at most one tick's engine steps late. Every environment
+call runs with Limits (rlcore.rollout.env) that end ANSWER_S before the earliest of these cuts, so rlcore's
+tools (and any environment that reads time_left()) answer, stop their programs and free their sandbox
+workers before the loop drops the trajectory.
 
 Tensor parallelism. Every rank of an engine's group must make identical engine calls between the same engine
 steps. The loop runs in ticks, the same on every rank:

@@ -227,8 +227,8 @@ class Toolbox:
         for k, call in enumerate(calls[:cap]):
             if time_left() <= 0:
                 stats.deadline += min(len(calls), cap) - k
-                messages.append({"role": "tool", "content": f"error: {min(len(calls), cap) - k} tool calls were "
-                                                            f"not run: the turn's time ran out"})
+                messages.append({"role": "tool", "content": f"error: {_calls(min(len(calls), cap) - k)} not run: "
+                                                            f"the turn's time ran out"})
                 break
             content, kind = self.call(call)
             if kind is None and time_left() <= 0:  # it answered, but only when the time was up
@@ -238,11 +238,15 @@ class Toolbox:
             messages.append({"role": "tool", "name": brief(call.name), "content": content})
         if len(calls) > cap:
             stats.too_many_calls = len(calls) - cap
-            messages.append({"role": "tool", "content": f"error: {len(calls) - cap} more tool calls were not run: "
-                                                        f"at most {cap} per turn"})
+            messages.append({"role": "tool", "content": f"error: {_calls(len(calls) - cap, 'more ')} not run: at "
+                                                        f"most {cap} per turn"})
         if parse_error is not None:
             messages.append({"role": "tool", "content": self._cut(f"error: malformed tool call: {parse_error}")})
         return messages, stats
+
+
+def _calls(n: int, more: str = "") -> str:
+    return f"{n} {more}tool call was" if n == 1 else f"{n} {more}tool calls were"
 
 
 _LATE = object()  # what an async tool "returns" when the turn's deadline cancelled it
@@ -277,7 +281,8 @@ def tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> l
 
 
 def bad_tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
-    """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised), likewise."""
+    """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised, past the turn's
+    cap), likewise."""
     return [float(env.stats.bad) for env in envs]
 
 

@@ -23,7 +23,9 @@ The ending rule, applied to each trajectory after each model turn (rlcore/rollou
   4. A step that raises stops the run (EnvError, every rank); a step slower than rollout.env_timeout_s ends
      its trajectory with reward 0 and counts in env/timeouts; an observation whose content cannot be encoded
      (rlcore.rollout.observation) ends it with reward 0 and counts in rollout/failed_trajectories.
-So a trajectory always ends on a model token, and trailing observations never reach the trainer.
+So a trajectory always ends on a model token, and trailing observations never reach the trainer. Each
+environment call runs with Limits (rlcore.rollout.env) ending shortly before the earlier of
+rollout.env_timeout_s and rollout.turn_deadline_s, which rlcore's tools keep to (rlcore.rollout.tools).
 
 Tensor parallelism: every rank of an engine's group runs this loop on identical rows. Each environment
 lives on the one rank that trains its trajectory (`owners`); that rank steps it, and the results are
