@@ -4,6 +4,7 @@ the step metrics over a one-rank gloo group) with a scripted engine whose model 
 runs before: nesting past the recursion limit, a lone surrogate as a tool name, 50k-character arguments,
 NaN, a 5000-digit integer, 5000 unclosed <tool_call> openers, 100 calls in one turn, and a tool output the
 chat template refuses. Scripting the engine is the one stand-in: a real model will not write these on demand."""
+import asyncio
 import json
 import re
 
@@ -25,6 +26,16 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+async def wait(seconds: float) -> str:
+    """Wait, then say so.
+
+    Args:
+        seconds: how long
+    """
+    await asyncio.sleep(seconds)
+    return "waited"
+
+
 def echo(text: str) -> str:
     """Repeat a text.
 
@@ -35,7 +46,7 @@ def echo(text: str) -> str:
 
 
 class Tools(ToolEnv):
-    toolbox = Toolbox([add, echo], format="hermes")
+    toolbox = Toolbox([add, echo, wait], format="hermes")
     max_turns = 3
 
 
@@ -47,7 +58,8 @@ TURNS = [
     "<tool_call>" + "[" * 3000,  # malformed: too deep
     call('{"name": "\\ud800", "arguments": {}}'),  # unknown tool, named by a lone surrogate
     call('{"name": "echo", "arguments": {"text": "\\udfff' + "x" * 50_000 + '"}}'),  # answered, cut to 2000
-    call('{"name": "add", "arguments": {"a": NaN, "b": 1e400}}'),  # malformed
+    call('{"name": "add", "arguments": {"a": NaN, "b": 1e400}}')  # malformed
+    + call('{"name": "wait", "arguments": {"seconds": 100}}'),  # stopped at the turn's 0.5 s deadline
     call('{"name": "add", "arguments": {"a": ' + "7" * 5000 + "}}"),  # malformed: past the digit limit
     "<tool_call>" * 5000,  # malformed: one call read to the end
     call('{"name": "add", "arguments": {"a": 1, "b": 2}}') * 100,  # 8 run, 92 refused
@@ -112,7 +124,7 @@ def make_run(tmp_path, schedule: str):
                  data=DataConfig(path=str(tmp_path / "train.jsonl"), chat_template=True, max_prompt_tokens=4096),
                  rewards=[RewardSpec(fn=lambda prompts, completions, **_: [float(c == "It is 3.") for c in completions])],
                  rollout=RolloutConfig(env=Tools, group_size=1, prompts_per_step=8, max_new_tokens=60_000,
-                                       max_total_tokens=120_000, schedule=schedule))
+                                       max_total_tokens=120_000, schedule=schedule, turn_deadline_s=0.5))
     tokenizer, reward_fns, table, envs, _ = load_inputs(cfg, 256)
 
     class Prompts:
@@ -130,8 +142,8 @@ def test_hostile_turns_do_not_stop_the_run(one_rank, tmp_path, schedule):
     for step in range(2):
         batch, stats = collect(run, step)
         assert batch.input_ids.shape[0] == 8
-        # calls per trajectory k (TURNS[k], TURNS[k + 1]): 1+1, 1+1, 1+1, 1+1, 1+1, 1+100, 100+1, 1
-        assert stats["tool/calls"] == 213 and stats["tool/too_many_calls"] == 2 * 92
+        # calls per trajectory k (TURNS[k], TURNS[k + 1]): 1+1, 1+1, 1+2, 2+1, 1+1, 1+100, 100+1, 1
+        assert stats["tool/calls"] == 215 and stats["tool/too_many_calls"] == 2 * 92 and stats["tool/deadline"] == 2
         assert stats["tool/malformed"] == 7 and stats["tool/unknown_tool"] == 2 and stats["tool/bad_arguments"] == 0
         assert stats["rollout/failed_trajectories"] == 2  # k = 6 (its second turn) and 7 (its first)
         assert stats["env/turns_mean"] == (6 * 3 + 2 + 1) / 8 and stats["env/truncated_frac"] == 0

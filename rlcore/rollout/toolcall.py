@@ -106,7 +106,7 @@ def _depth(value: Any) -> int:
 
 _DECODER = json.JSONDecoder(parse_constant=_not_finite, parse_float=_finite)
 _SPACE = re.compile(r"\s*")
-TOO_DEEP = f"invalid JSON (nested deeper than {MAX_DEPTH} levels)"
+_TOO_DEEP = f"invalid JSON (nested deeper than {MAX_DEPTH} levels)"
 
 
 def _decoded(decode: Callable[[], Any]) -> tuple[Any, str | None]:
@@ -116,10 +116,10 @@ def _decoded(decode: Callable[[], Any]) -> tuple[Any, str | None]:
     try:
         value = decode()
     except RecursionError:
-        return None, TOO_DEEP
+        return None, _TOO_DEEP
     except ValueError as e:
         return None, _json_error(e)
-    return (None, TOO_DEEP) if _depth(value) > MAX_DEPTH else (value, None)
+    return (None, _TOO_DEEP) if _depth(value) > MAX_DEPTH else (value, None)
 
 
 def _too_long(body: str) -> str | None:
@@ -135,8 +135,8 @@ def _collect(items: list[ToolCall | str]) -> tuple[list[ToolCall], str | None]:
 
 
 def _blocks(text: str, opener: str, closer: str) -> list[str]:
-    """The text inside each opener ... closer pair; a last opener without its closer reads to the end. A
-    scan with str.find, linear in the text (a lazy regex is quadratic in unclosed openers)."""
+    """The text inside each opener ... closer pair; a last opener without its closer reads to the end. A scan
+    with str.find: linear in the text, whatever it holds (no regex to backtrack)."""
     blocks, i = [], text.find(opener)
     while i >= 0:
         start = i + len(opener)
