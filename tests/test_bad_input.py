@@ -128,6 +128,7 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("sandbox.cpu_s=-5", "sandbox.cpu_s must be a finite number of seconds > 0 (got -5.0)"),
     ("sandbox.memory_mb=-1", "sandbox.memory_mb must be a whole number >= 1 (got -1)"),
     ("sandbox.file_mb=0", "sandbox.file_mb must be a whole number >= 1 (got 0)"),
+    ("sandbox.tmp_mb=0", "sandbox.tmp_mb must be a whole number >= 1 (got 0)"),
     ("sandbox.max_processes=0", "sandbox.max_processes must be a whole number >= 1 (got 0)"),
     ("sandbox.max_output_bytes=-1", "sandbox.max_output_bytes must be a whole number >= 1 (got -1)"),
     ("sandbox.preload=[math,nump]", "sandbox.preload: there is no module named 'nump' to import into the sandbox "

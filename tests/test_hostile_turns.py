@@ -116,8 +116,8 @@ def make_run(tmp_path, schedule: str):
     from rlcore.config import Config, DataConfig, ModelConfig, RewardSpec, RolloutConfig
     from rlcore.parallel import ParallelDims
     from rlcore.preflight import load_inputs
-    from rlcore.rollout.collect import model_budget
-    from rlcore.run import Run
+    from rlcore.rollout.envs import model_budget
+    from rlcore.run import Rollout, Run
     build_chat_tokenizer(STRICT).save_pretrained(tmp_path / "model")
     (tmp_path / "train.jsonl").write_text("".join(json.dumps({"prompt": f"q{k}?"}) + "\n" for k in range(8)))
     cfg = Config(model=ModelConfig(path=str(tmp_path / "model")), algorithm=GRPO(),
@@ -131,8 +131,9 @@ def make_run(tmp_path, schedule: str):
         def next_batch(self):
             return [dict(table[k]) for k in range(8)]
 
-    return Run(cfg, ParallelDims(1, 1), 0, 0, None, tokenizer, Prompts(), [], reward_fns, [], envs,
-               model_budget(cfg, envs), Model(tokenizer), *[None] * 8, tmp_path)
+    rollout = Rollout(0, 0, None, Prompts(), [], reward_fns, [], envs, model_budget(cfg, envs))
+    return Run(cfg=cfg, dims=ParallelDims(1, 1), models=None, tokenizer=tokenizer, engine=Model(tokenizer),
+               logger=None, run_dir=tmp_path, rollout=rollout, trainer=None)
 
 
 @pytest.mark.parametrize("schedule", ["lockstep", "continuous"])

@@ -104,7 +104,7 @@ def random_texts(rng: random.Random, n: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def encode(tmp_path_factory):
-    """The encoder the startup path builds (rlcore.collect.make_envs), on the tiny tool-calling tokenizer."""
+    """The encoder the startup path builds (rlcore.rollout.envs.make_envs), on the tiny tool-calling tokenizer."""
     from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
     from rlcore.preflight import load_inputs
     from rlcore.tiny import build_chat_tokenizer
