@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, NamedTuple
 
+from rlcore.algorithms.base import check as check_algorithm
+
 
 @dataclass
 class ModelConfig:
@@ -74,7 +76,7 @@ class RolloutConfig:
     ranks: int = 0
     # Split mesh: the engines may sample a batch with weights at most this many optimizer steps older than the
     # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
-    # off-policy correction (algorithm.tis_cap > 0).
+    # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
 
 
@@ -178,6 +180,9 @@ class LoggingConfig:
     """TensorBoard (runs/<name>/tb) and metrics.jsonl always; Weights & Biases on request."""
     wandb: bool = False  # mirror every logged key and the config to wandb (pip install 'rlcore[wandb]')
     wandb_project: str = "rlcore"  # wandb project; the run is named after `name` (WANDB_MODE=offline works)
+    # show other libraries' warnings, deprecation notices and progress bars (vLLM, torch, transformers,
+    # datasets), for debugging; false: their errors only. RLCORE_LIBRARY_LOGS=1 does the same (docs/running.md)
+    library_logs: bool = False
 
 
 @dataclass
@@ -198,7 +203,9 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (rlcore.sandbox)
-    algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
+    # The recipe's algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); its contract (the flags and hooks the
+    # trainer uses) is rlcore.algorithms.base.Algorithm. Typed Any: overrides are typed by the object's fields.
+    algorithm: Any = None
 
 
 class Models(NamedTuple):
@@ -214,15 +221,14 @@ def models_of(cfg: Config) -> Models:
     """The one place that decides the run's models from the config."""
     lora, needs_reference = cfg.lora.enabled, cfg.algorithm.needs_reference
     return Models(reference="adapters_off" if needs_reference and lora else "copy" if needs_reference else "none",
-                  critic=bool(getattr(cfg.algorithm, "needs_critic", False)),
+                  critic=cfg.algorithm.needs_critic,
                   engine_lora=lora and cfg.lora.sync == "adapter", lora=lora)
 
 
 def validate(cfg: Config, dims) -> None:
     """Cheap checks of the whole config against the mesh (`dims`: rlcore.parallel.ParallelDims), before
     anything loads. Raises ValueError naming the field."""
-    if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
-        raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
+    check_algorithm(cfg.algorithm)
     cfg.algorithm.validate(cfg)
     if not cfg.rewards and not cfg.rollout.env:
         raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
@@ -252,7 +258,7 @@ def validate(cfg: Config, dims) -> None:
     if r.max_staleness and not dims.split:
         raise ValueError(f"rollout.max_staleness={r.max_staleness} needs a split mesh: set rollout.ranks (the ranks "
                          f"that only generate); colocated runs are on-policy")
-    if r.max_staleness and not getattr(cfg.algorithm, "tis_cap", 0):
+    if r.max_staleness and not cfg.algorithm.corrects_off_policy:
         raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
                          f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
     if dims.split and models_of(cfg).engine_lora:
@@ -353,15 +359,4 @@ def _check(obj, table: dict, prefix: str = "") -> None:
             raise ValueError(f"{prefix}{key} must be {valid} (got {value!r})")
 
 
-# An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).
-#   validate(cfg: Config) -> None                  raise ValueError naming the bad field
-#   needs_reference: bool                          build the frozen reference model?
-#   needs_critic: bool (optional, default False)   build the critic (cfg.critic) and call value_loss
-#   advantages(batch, reduce) -> (Tensor [B, T], metrics)   reduce(t) sums a tensor over ranks
-#   loss(batch, logprobs, norm) -> (loss, metrics)          see rlcore.objectives.PolicyLoss
-#   value_loss(batch, values, norm) -> (loss, metrics)      only with needs_critic
-#   dynamic_sampling: int (optional, default 0)    extra draw rounds to replace groups with all-equal rewards
-#   advantages_use_old_logprobs: bool (optional, default False)   advantages read batch.old_logprobs, so an
-#                                                  on-policy step still computes them in a separate pass
-Algorithm = Any
 RewardFn = Callable[..., list[float]]

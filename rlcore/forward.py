@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 def takes_old_logprobs(cfg) -> bool:
     """On-policy (one optimizer step per rollout batch): the update's own forward, before its only step,
     computes exactly the old logprobs, so `update` can fill them in and no separate pass is needed. Not when
-    the advantages read them (an algorithm's optional `advantages_use_old_logprobs`, e.g. a KL penalty)."""
+    the advantages read them (the algorithm's `advantages_use_old_logprobs`, e.g. a KL penalty)."""
     return cfg.train.epochs_per_step == 1 and cfg.train.mini_batches == 1 and \
-        not getattr(cfg.algorithm, "advantages_use_old_logprobs", False)
+        not cfg.algorithm.advantages_use_old_logprobs
 
 
 @torch.no_grad()

@@ -62,4 +62,6 @@ def prepare(run: Run, batch: Batch, step: int, on_policy: bool = True) -> tuple[
     if run.trainer.critic is not None:
         batch.values = forward_values(run, batch)
     batch.advantages, metrics = cfg.algorithm.advantages(batch, reduce_sum)
+    if run.models.critic:  # the critic's targets
+        batch.returns = cfg.algorithm.returns(batch, reduce_sum)
     return check, metrics

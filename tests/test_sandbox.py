@@ -93,7 +93,7 @@ def test_cpu_limit_and_imports():
         r = sandbox.run("import fractions, wave; print(fractions.Fraction(1, 3) * 3)")  # preloaded, and not
         if sandbox.status["stdlib_readable"]:
             assert (r.status, r.stdout) == ("ok", "1\n")
-        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (README: "Sandbox")
+        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (docs/sandbox.md)
             assert r.stderr.endswith("ModuleNotFoundError: No module named 'wave'\n")
 
 
@@ -121,7 +121,7 @@ def test_environment_is_empty(box):
         assert r.stderr.endswith(f"FileNotFoundError: [Errno 2] No such file or directory: '/proc/{os.getpid()}/environ'\n")
     elif box.status["user_dropped"]:
         assert r.stderr.endswith(f"PermissionError: [Errno 13] Permission denied: '/proc/{os.getpid()}/environ'\n")
-    else:  # same user as the trainer: /proc/<trainer>/environ is readable (README: "Sandbox")
+    else:  # same user as the trainer: /proc/<trainer>/environ is readable (docs/sandbox.md)
         assert r.stdout == "1\n"
 
 

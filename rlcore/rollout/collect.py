@@ -132,7 +132,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     equal (zero advantage under any group baseline) are dropped and further prompts drawn, in rounds taken
     by every rank together, until every rank has its share or the algorithm's bound on rounds is spent."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    extra_draws = getattr(cfg.algorithm, "dynamic_sampling", 0)
+    extra_draws = cfg.algorithm.dynamic_sampling
     need = cfg.rollout.prompts_per_step // run.dims.generators * G  # sequences per rank
     kept: list[Batch] = []
     have = drawn_groups = kept_groups = 0

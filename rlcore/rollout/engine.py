@@ -104,6 +104,8 @@ class RolloutEngine:
             **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
                 max_model_len, 4096 * cfg.rollout.tensor_parallel)}),
             **({"load_format": "dummy"} if dormant else {}),
+            # The checkpoint-loading bar: shown with vLLM's warnings (rlcore/library_logs.py).
+            use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING),
             **lora_args,
         )
         if dormant and self.sleep_mode:
