@@ -37,23 +37,25 @@ class Coder(ToolEnv):
 
 def test_a_turn_of_100_calls_keeps_to_its_cap_and_deadline(one_worker):
     """100 calls of a 0.3 s program, cap 8, a 1 s turn (tools stop 0.25 s early, so the answer is back before
-    the loop would give up): the first calls run, the one running at the deadline is stopped, the rest of the
-    8 are not started, the other 92 are refused; one bounded observation, after about 0.75 s, not 30 s."""
+    the loop would give up): the first calls run (two, here), the one running at the deadline is stopped, the
+    rest of the 8 are not started, the other 92 are refused; one bounded observation after about 0.75 s, not
+    30 s. On a loaded machine the second program may end just past the deadline: then nothing is stopped."""
     env, t0 = Coder({}), time.perf_counter()
     [out] = call_all([lambda: env.step(calls("import time; time.sleep(0.3); print(k)", 100), [])], timeout_s=60,
                      workers=1, turn_s=1.0, max_tool_calls=8)
     took = time.perf_counter() - t0
     messages = out.value.observation
-    ran = [m for m in messages if m.get("name") == "python" and m["content"].strip().isdigit()]
+    ran = [m["content"] for m in messages if m.get("name") == "python" and m["content"].strip().isdigit()]
     stopped = [m for m in messages if m["content"] == "[timeout: the turn's time ran out]"]
-    assert 0.7 < took < 1.5 and 1 <= len(ran) <= 2 and len(stopped) == 1  # 0.77 s here; not 100 x 0.3 s
-    assert [m["content"] for m in ran] == [f"{k}\n" for k in range(len(ran))]
-    not_run = 8 - len(ran) - 1
-    assert messages[len(ran) + 1:] == [
-        {"role": "tool", "content": f"error: {not_run} tool calls were not run: the turn's time ran out"
-                                    if not_run > 1 else "error: 1 tool call was not run: the turn's time ran out"},
+    assert 0.7 < took < 1.5 and 1 <= len(ran) <= 2 and len(stopped) <= 1  # 0.77 s here
+    assert ran == [f"{k}\n" for k in range(len(ran))]
+    not_run = 8 - len(ran) - len(stopped)
+    assert messages[len(ran) + len(stopped):] == [
+        {"role": "tool", "content": f"error: {not_run} tool calls were not run: the turn's time ran out"},
         {"role": "tool", "content": "error: 92 more tool calls were not run: at most 8 per turn"}]
-    assert env.stats == ToolStats(calls=100, too_many_calls=92, deadline=not_run + 1)
+    late = env.stats.deadline - not_run - len(stopped)  # 1 if the last program that ran ended past the deadline
+    assert env.stats == ToolStats(calls=100, too_many_calls=92, deadline=env.stats.deadline) and late in (0, 1)
+    assert len(stopped) + late == 1  # exactly one call met the deadline while running
     assert python("print(2)") == "2\n"  # the worker is free again
 
 
