@@ -51,7 +51,8 @@ import torch.distributed as dist  # noqa: E402
 from rlcore import config_help, plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 from rlcore.preflight import InputError  # noqa: E402
-from rlcore.trainer import Preempted, RunError, train  # noqa: E402
+from rlcore.collectives import Preempted, RunError  # noqa: E402
+from rlcore.trainer import train  # noqa: E402
 
 EXIT_BAD_INPUT = 2  # configuration, model, data, reward setup or resume checkpoint is invalid
 EXIT_RUN_STOPPED = 3  # the run stopped itself (stale weights, reward failure, non-finite steps, failed save)
