@@ -65,6 +65,12 @@ class RolloutConfig:
     # run at once per rank. "" = none.
     agent: Any = ""  # a callable, "module:name" or "path/file.py:name"
     agent_tool_format: str = "hermes"  # how the endpoint parses the model's tool calls: hermes | llama3 | mistral
+    # What one model turn may ask of its tools (rlcore.rollout.tools; environments read both through
+    # rlcore.rollout.env.limits()): calls past the cap are answered "not run" (tool/too_many_calls); no call
+    # starts after the turn's deadline and the python tool's program is stopped at it (tool/deadline). The
+    # loop's own limits (env_timeout_s, the continuous budgets) bring the deadline earlier when they end sooner.
+    max_tool_calls: int = 8  # tool calls run per model turn at most; the rest are answered "not run"
+    turn_deadline_s: float = 30.0  # seconds a turn's tool calls may take: none starts later, a program stops then
     # How turns meet the engine (rlcore.rollout.continuous): "lockstep" = one engine call per turn over every
     # active trajectory (bit-reproducible); "continuous" = each trajectory's next turn joins the running engine
     # as soon as its own environment answered (faster with slow tools; batches depend on tool timing).
@@ -313,6 +319,7 @@ VALID = {
     "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
     "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
+    "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"),
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
