@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, group_advantages, overlong_penalty
+from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, overlong_penalty
+from rlcore.objectives import group_advantages
 from rlcore.batch import Batch
 from rlcore.config import Config
 from rlcore.objectives import local_normaliser

@@ -15,9 +15,9 @@ from rlcore.objectives import (
     masked_sum,
     masked_whiten,
     PolicyLoss,
-    tis_weights,
     token_rewards,
 )
+from rlcore.corrections import tis_weights
 
 LOG_HALF = math.log(0.5)
 
