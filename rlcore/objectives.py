@@ -251,18 +251,22 @@ class PolicyLoss(Algorithm):
         for name in ("kl_coef", "tis_cap", "tis_low"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)})")
-        if self.clip_low >= 1:
-            raise ValueError(f"algorithm.clip_low must be < 1 so the ratio floor 1 - clip_low stays positive "
-                             f"(got {self.clip_low})")
-        if self.dual_clip and self.dual_clip <= 1 + self.clip_high:
-            raise ValueError(f"algorithm.dual_clip must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, "
-                             f"above the ratio ceiling (got {self.dual_clip})")
+        self.validate_clip()
         for name, valid in (("loss_agg", AGG_MODES), ("kl_estimator", KL_ESTIMATORS), ("tis_level", TIS_LEVELS),
                             ("tis_mode", TIS_MODES), ("seq_mask", SEQ_MASKS)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"algorithm.{name} must be one of {', '.join(v or '(empty: off)' for v in valid)} "
                                  f"(got {getattr(self, name)!r})")
         self.validate_corrections()
+
+    def validate_clip(self) -> None:
+        """The clip range and dual clip of `surrogate` (a loss with another surrogate checks its own)."""
+        if self.clip_low >= 1:
+            raise ValueError(f"algorithm.clip_low must be < 1 so the ratio floor 1 - clip_low stays positive "
+                             f"(got {self.clip_low})")
+        if self.dual_clip and self.dual_clip <= 1 + self.clip_high:
+            raise ValueError(f"algorithm.dual_clip must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, "
+                             f"above the ratio ceiling (got {self.dual_clip})")
 
     def validate_corrections(self) -> None:
         if 0 < self.tis_cap < 1:

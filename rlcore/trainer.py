@@ -67,8 +67,8 @@ def setup(cfg: Config) -> Run:
     reference = critic = critic_optimizer = critic_scheduler = None
     # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
     if cfg.algorithm.needs_reference and not cfg.lora.enabled:
-        reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
-                                 frozen=True)
+        reference = models.shard(models.load_causal_lm(models.reference_config(cfg.model, cfg.algorithm.teacher),
+                                                       trainable=False), fsdp_mesh, cfg.model, frozen=True)
     if needs_critic(cfg):
         critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
         critic_optimizer, critic_scheduler = models.build_optimizer(critic, cfg.critic.optim,
@@ -91,7 +91,7 @@ def setup(cfg: Config) -> Run:
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if critic else "none")
-                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else
+                 + " | reference " + (f"{cfg.algorithm.teacher or cfg.model.path} (frozen{offload})" if reference else
                                       "the actor with adapters off (no copy)" if lora.uses_adapters_off(cfg) else "none")
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
