@@ -3,7 +3,8 @@ start, 17% held-out) samples, a stronger teacher of the same shape and tokenizer
 answers only, ~83%) scores every sampled token, and the per-token reverse KL is the whole signal.
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=distill_tiny
-    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=distill_tiny algorithm.task_weight=1   # + task reward
+    # with the task reward's group advantage added at weight 1:
+    OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=distill_tiny algorithm.task_weight=1
 
 The teacher is built once by the prepare step (rlcore.tiny.prepare_teacher, cached) and sharded with FSDP2
 in the reference model's place. The reward function still runs: its numbers are logged, not trained on

@@ -17,7 +17,8 @@ def _example():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     log_r = torch.tensor([[0.1, -0.2, 0.4], [2e-4, 4e-4, 5.0]], dtype=torch.float64)
     batch = Batch(input_ids=torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 4, dtype=torch.long),
-                  loss_mask=mask, rollout_logprobs=torch.zeros(2, 3, dtype=torch.float64), rewards=torch.tensor([1.0, 0]),
+                  loss_mask=mask, rollout_logprobs=torch.zeros(2, 3, dtype=torch.float64),
+                  rewards=torch.tensor([1.0, 0]),
                   group_size=2, old_logprobs=torch.zeros(2, 3, dtype=torch.float64),
                   advantages=torch.tensor([[1.0, 1, 1], [-1, -1, 0]], dtype=torch.float64))
     return batch, log_r.requires_grad_()
