@@ -59,6 +59,12 @@ class RolloutConfig:
     env_workers: int = 8  # threads per rank stepping environments concurrently
     env_weight: float = 1.0  # weight of the summed environment step rewards (reward part "env")
     truncated_reward: float | None = None  # fixed reward of trajectories ended by a limit; None = scored as usual
+    # What one model turn may ask of its tools (rlcore.rollout.tools; environments read both through
+    # rlcore.rollout.env.limits()): calls past the cap are answered "not run" (tool/too_many_calls); no call
+    # starts after the turn's deadline and the python tool's program is stopped at it (tool/deadline). The
+    # loop's own limits (env_timeout_s, the continuous budgets) bring the deadline earlier when they end sooner.
+    max_tool_calls: int = 8  # tool calls run per model turn at most; the rest are answered "not run"
+    turn_deadline_s: float = 30.0  # seconds a turn's tool calls may take: none starts later, a program stops then
     # How turns meet the engine (rlcore.rollout.continuous): "lockstep" = one engine call per turn over every
     # active trajectory (bit-reproducible); "continuous" = each trajectory's next turn joins the running engine
     # as soon as its own environment answered (faster with slow tools; batches depend on tool timing).
@@ -307,6 +313,7 @@ VALID = {
     "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
     "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
+    "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),

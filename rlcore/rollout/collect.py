@@ -75,7 +75,7 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
         r = run.cfg.rollout
         parts["env"] = torch.tensor([x.env_reward for x in mine])
         total = total + r.env_weight * parts["env"]
-        total[torch.tensor([x.timed_out for x in mine], dtype=torch.bool)] = 0.0
+        total[torch.tensor([x.timed_out or x.failed is not None for x in mine], dtype=torch.bool)] = 0.0
         if r.truncated_reward is not None:
             total[torch.tensor([x.truncated for x in mine], dtype=torch.bool)] = r.truncated_reward
     return total, parts
@@ -111,7 +111,8 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "rollout_s": rollout_s,
               "reward_s": time.perf_counter() - t, "active": stats.active if run.rollout.tp_rank == 0 else [],
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
-              "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
+              "timeouts": sum(x.timed_out for x in mine), "failed": sum(x.failed is not None for x in mine),
+              "model_tokens": sum(x.model_tokens for x in mine),
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
     if declared_tools(run.rollout.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
@@ -188,11 +189,12 @@ def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
     active = (totals["active"] + [0] * turns)[:turns]
     tools = sorted(k for k in totals if k.startswith("tool/"))
     sums = all_sum(totals["turns"], totals["truncated"], totals["timeouts"], totals["model_tokens"],
-                   totals["env_tokens"], *active, *(totals[k] for k in tools))
+                   totals["env_tokens"], totals["failed"], *active, *(totals[k] for k in tools))
     out = {"env/turns_mean": sums[0] / n, "env/truncated_frac": sums[1] / n, "env/timeouts": sums[2],
-           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"]}
-    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:5 + turns])}
-    out |= {k: int(v) for k, v in zip(tools, sums[5 + turns:])}
+           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"],
+           "rollout/failed_trajectories": int(sums[5])}
+    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[6:6 + turns])}
+    out |= {k: int(v) for k, v in zip(tools, sums[6 + turns:])}
     if run.cfg.rollout.schedule == "continuous":  # every rank runs it (a collective)
         idle, rollout_s, calls_per_s, deadline, budget = all_sum(
             totals.get("idle_s", 0.0), totals.get("rollout_s", 0.0),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rlcore import rewards
 from rlcore.errors import describe
 from rlcore.rollout.env import check_env
+from rlcore.rollout.observation import encoder
 from rlcore.rollout.tools import declared_tools
 from rlcore.rollout.turns import Envs
 
@@ -18,7 +19,7 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     if not r.env:
         if r.max_turns > 1 or r.max_total_tokens:
             raise ValueError("rollout.max_turns and rollout.max_total_tokens need an environment: set rollout.env")
-        return Envs(None, "", 1, [], r.env_timeout_s, 1, lambda obs: [], decode)
+        return Envs(None, "", 1, [], r.env_timeout_s, 1, lambda obs: [], decode, r.turn_deadline_s, r.max_tool_calls)
     spec = r.env if isinstance(r.env, str) else rewards.fn_name(r.env)
     factory = rewards.resolve(r.env, "rollout.env")
     if r.max_total_tokens < r.max_new_tokens:
@@ -47,21 +48,10 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
                          f"set data.chat_template=true")
     if toolbox:
         toolbox.check_template(tokenizer, cfg.model.path)
-
-    def encode(obs) -> list[int]:
-        if isinstance(obs, str):
-            ids = tokenizer.encode(obs, add_special_tokens=False)
-        elif obs and isinstance(obs[0], dict):
-            from rlcore.rollout import chat
-            ids = chat.observation_ids(tokenizer, obs)
-        else:
-            ids = [int(i) for i in obs]
-        bad = [i for i in ids if not 0 <= i < vocab_size]
-        if bad:
-            raise ValueError(f"observation token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})")
-        return ids
-
-    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode)
+    # any observation -> bounded, cleaned, encodable ids (rlcore.rollout.observation)
+    encode = encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens)
+    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode, r.turn_deadline_s,
+                r.max_tool_calls)
 
 
 def model_budget(cfg, envs: Envs) -> int:
