@@ -36,17 +36,20 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from rlcore import watchdog
+
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
             "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
-            "train.log_every", "train.max_skipped_steps", "lora.export_merged")
+            "train.log_every", "train.max_skipped_steps", "train.watchdog_s", "lora.export_merged")
 
 
 class SaveError(RuntimeError):
     """A checkpoint or export could not be written (every rank raises it together)."""
 
 
+@watchdog.stage("agree", waits=True)
 def _agree(error: str | None, group=None) -> None:
     """Collective (over `group`, default the world): if any rank failed, every rank raises SaveError with the
     first message."""
@@ -199,6 +202,7 @@ def write_model_files(model_path: str, tokenizer, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
+@watchdog.stage("checkpoint")
 def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, keep: int,
          tokenizer, extra: dict | None = None, writer: int = 0) -> Path:
     """Collective: write checkpoints/step_<step> atomically and keep the newest `keep`. Any rank's
@@ -270,6 +274,7 @@ def _replace(tmp: Path, final: Path) -> None:
         os.close(fd)
 
 
+@watchdog.stage("resume")
 def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str]]:
     """Collective: load a checkpoint into freshly built models, optimizers, schedulers and the prompt
     stream. Returns (the loop's counters, lines to print about what could not be carried over)."""

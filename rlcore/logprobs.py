@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore import lora, models, packing
+from rlcore import lora, models, packing, watchdog
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.parallel import device_type
@@ -48,6 +48,7 @@ class DriftCheck:
         return {"rollout/logprob_diff_mean": self.sum / max(self.tokens, 1.0), "rollout/logprob_diff_max": self.max}
 
 
+@watchdog.stage("logprobs")
 def prepare(run: Run, batch: Batch, step: int, threshold: float | None = None) -> tuple[DriftCheck, dict[str, float]]:
     """Fill in what the update reads besides the weights: old logprobs (unless the on-policy update takes
     its own), reference logprobs, values, advantages. Returns the drift check, for the update to call

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, lora, models, plan, rewards
+from rlcore import checkpoint, lora, models, plan, rewards, watchdog
 from rlcore.config import Config, validate
 from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.errors import describe
@@ -39,11 +39,13 @@ def on_every_rank(check, *args):
     """check(*args) on every rank; if it raised ValueError on any rank, every rank raises the first one."""
     result, error, cause = None, None, None
     try:
-        result = check(*args)
+        with watchdog.stage(f"preflight: {check.__name__}"):
+            result = check(*args)
     except ValueError as e:
         error, cause = str(e), e
     errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
+    with watchdog.stage("agree", waits=True):
+        dist.all_gather_object(errors, error)
     first = next((e for e in errors if e), None)
     if first:
         raise InputError(first) from cause
