@@ -193,12 +193,23 @@ def preempted(stop, t: int, path) -> Preempted:
 
 def resume(run: Run) -> tuple[int, dict]:
     """-> (the step the checkpoint was saved after, this rank's state in flight)."""
-    trains = run.dims.trains(dist.get_rank())
-    loop, notes = checkpoint.load(run.resume_from, run.trained_models() if trains else {}, run.prompts, run.group)
+    rank, path = dist.get_rank(), run.resume_from
+    trains = run.dims.trains(rank)
+    loop, notes = checkpoint.load(path, run.trained_models() if trains else {}, run.prompts, run.group)
     for line in notes:
         run.logger.print(line)
-    own = torch.load(run.resume_from / f"rank_{dist.get_rank()}.pt", weights_only=False)
-    return loop["step"], own["split"]
+    saved_world = checkpoint.saved_world(path)
+    if not trains or saved_world == dist.get_world_size():
+        return loop["step"], torch.load(path / f"rank_{rank}.pt", weights_only=False)["split"]
+    # Another trainer count: the old trainers' slices, in order, are the whole batch; this rank takes its slice.
+    old = [torch.load(path / f"rank_{r}.pt", weights_only=False)["split"] for r in range(run.dims.rollout_ranks,
+                                                                                     saved_world)]
+    batch = None  # saved after the last step: nothing in flight
+    if old[0]["batch"] is not None:
+        whole = Batch.cat([o["batch"] for o in old], pad_id(run.tokenizer))
+        n, j = len(whole) // run.dims.trainers, rank - run.dims.rollout_ranks
+        batch = whole.rows(j * n, (j + 1) * n)
+    return loop["step"], {"batch": batch, "probe": old[0]["probe"]}
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------
