@@ -295,7 +295,7 @@ def test_startup_renders_the_tools_into_prompts(tmp_path):
 
 def test_startup_refuses_tools_the_model_cannot_see(tmp_path):
     from rlcore.data import load_tokenizer
-    from rlcore.rollout.collect import make_envs
+    from rlcore.rollout.envs import make_envs
     cfg = startup_config(tmp_path)
     cfg.rollout.env = lambda row: Adder(row)
     with pytest.raises(ValueError, match=r"^rollout.env '.*' makes environments with tools but does not declare "
@@ -377,8 +377,8 @@ def test_tool_stats_reach_the_step_metrics(monkeypatch):
     # turn, then the tool/ keys sorted (bad_arguments, calls, malformed, tool_raised, unknown_tool)
     other = [6, 1, 0, 30, 12, 4, 2, 0, 7, 0, 3, 2]
     monkeypatch.setattr(collect, "all_sum", lambda *values: [a + b for a, b in zip(values, other)])
-    run = SimpleNamespace(envs=SimpleNamespace(max_turns=2), cfg=SimpleNamespace(rollout=SimpleNamespace(
-        schedule="lockstep")))
+    run = SimpleNamespace(rollout=SimpleNamespace(envs=SimpleNamespace(max_turns=2)),
+                          cfg=SimpleNamespace(rollout=SimpleNamespace(schedule="lockstep")))
     totals = {"turns": 5, "truncated": 0, "timeouts": 1, "model_tokens": 20, "env_tokens": 8, "active": [4, 1],
               "env_s": 0.5} | mine.metrics("tool/")
     out = collect.env_metrics(run, totals, n=8)

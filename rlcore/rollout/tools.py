@@ -217,7 +217,7 @@ class Toolbox:
 
 def declared_tools(env: Any) -> Toolbox | None:
     """The Toolbox an environment (class or instance) declares as `toolbox`, or None: its tools go into every
-    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.collect.make_envs)."""
+    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.envs.make_envs)."""
     toolbox = getattr(env, "toolbox", None)
     return toolbox if isinstance(toolbox, Toolbox) else None
 
