@@ -217,10 +217,12 @@ class Models(NamedTuple):
 
 
 def models_of(cfg: Config) -> Models:
-    """The one place that decides the run's models from the config."""
-    lora, needs_reference = cfg.lora.enabled, cfg.algorithm.needs_reference
+    """The one place that decides the run's models from the config (an engine-only tool's config may have no
+    algorithm: then no reference and no critic)."""
+    algorithm, lora = cfg.algorithm, cfg.lora.enabled
+    needs_reference = algorithm is not None and algorithm.needs_reference
     return Models(reference="adapters_off" if needs_reference and lora else "copy" if needs_reference else "none",
-                  critic=cfg.algorithm.needs_critic,
+                  critic=algorithm is not None and algorithm.needs_critic,
                   engine_lora=lora and cfg.lora.sync == "adapter", lora=lora)
 
 
