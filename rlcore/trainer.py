@@ -13,7 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, transfer, update
+from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, transfer, update,
+                    watchdog)
 from rlcore.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config, Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
@@ -29,11 +30,12 @@ from rlcore.summary import Summary
 
 def setup(cfg: Config) -> Run:
     """Check everything cheap on every rank first (rlcore/preflight.py), then load."""
-    init_distributed()
+    init_distributed(watchdog.group_timeout(cfg.train.watchdog_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
     run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    watchdog.start(cfg.train.watchdog_s)  # stopped by launch/train.py, whatever ends the run
     # Tools and reward functions reach one sandbox per rank through rlcore.sandbox.shared(): started on first use.
     sandbox.configure(cfg.sandbox)
     preflight.on_every_rank(preflight.prepare, cfg)
@@ -69,8 +71,9 @@ def setup(cfg: Config) -> Run:
                                                   total_optimizer_steps(cfg))
     trainer = Trainer(policy, optimizer, scheduler, group=fsdp_mesh.get_group() if dims.split else None)
     # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
-    if held.reference == "copy":
-        trainer.reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
+    if held.reference == "copy":  # the policy's starting weights, or a distillation teacher
+        reference = models.reference_config(cfg.model, cfg.algorithm.teacher)
+        trainer.reference = models.shard(models.load_causal_lm(reference, trainable=False), fsdp_mesh, cfg.model,
                                          frozen=True)
     if held.critic:
         trainer.critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
@@ -96,7 +99,7 @@ def setup(cfg: Config) -> Run:
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if held.critic else "none")
-                 + " | reference " + {"copy": f"{cfg.model.path} (frozen{offload})",
+                 + " | reference " + {"copy": f"{cfg.algorithm.teacher or cfg.model.path} (frozen{offload})",
                                       "adapters_off": "the actor with adapters off (no copy)",
                                       "none": "none"}[held.reference]
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
