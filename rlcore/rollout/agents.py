@@ -54,7 +54,7 @@ class AgentStats(TurnStats):
 def check_agent(fn, spec: str) -> None:
     """Startup: the recipe's agent must be `async def agent(client, row)`."""
     if not inspect.iscoroutinefunction(fn):
-        kind = "a class" if inspect.isclass(fn) else f"a plain function" if callable(fn) else type(fn).__name__
+        kind = "a class" if inspect.isclass(fn) else "a plain function" if callable(fn) else type(fn).__name__
         raise ValueError(f"rollout.agent '{spec}' is {kind}, not an async function; an agent is "
                          f"`async def agent(client, row) -> reward` using the openai client it is handed")
 
