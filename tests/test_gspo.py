@@ -69,3 +69,20 @@ def test_refused_through_the_entry_point(entry, tmp_path):
                                               "caps a token ratio's loss and GSPO clips one ratio per sequence; set "
                                               "algorithm.dual_clip=0"]
     assert not (tmp_path / "runs").exists()
+
+
+def test_gspo_moe_recipe_is_grpo_moe_with_sequence_ratios():
+    """recipe=gspo_moe: the MoE node of recipe=grpo_moe (model, data, engines, batch, steps), valid on 8 GPUs,
+    with GSPO's sequence ratio and the paper's window; several optimizer steps per rollout, so the clip acts."""
+    from pathlib import Path
+
+    from rlcore.cli import load_recipe
+    from rlcore.config import validate
+    from rlcore.parallel import ParallelDims
+
+    recipes = Path(__file__).resolve().parents[1] / "recipes"
+    cfg, grpo = load_recipe("gspo_moe", recipes), load_recipe("grpo_moe", recipes)
+    validate(cfg, ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel))
+    assert (cfg.model, cfg.data, cfg.rollout, cfg.train) == (grpo.model, grpo.data, grpo.rollout, grpo.train)
+    assert type(cfg.algorithm).__name__ == "GSPO" and cfg.algorithm.level == "sequence"
+    assert (cfg.algorithm.clip_low, cfg.algorithm.clip_high) == (3e-4, 4e-4) and cfg.train.mini_batches > 1
