@@ -122,7 +122,7 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
                              f"but this run has {field} '{meta[key]}'")
     # A split mesh's checkpoint holds its batches in flight, sampled ahead by its staleness; a colocated one
     # holds none. They do not convert into each other.
-    for key in ("rollout.ranks", "rollout.max_staleness"):
+    for key in ("rollout.ranks", "rollout.max_staleness", "rollout.stream"):
         if saved["config"].get(key, 0) != meta["config"].get(key, 0):
             raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key, 0)}, but this "
                              f"run has {key}={meta['config'].get(key, 0)}; resume with the same layout")
