@@ -151,8 +151,8 @@ def check_running(cfg: Config, hf_config, max_model_len: int, kv_bytes: int | No
     fits = int(budget // per_sequence)
     if running > fits:
         key = "rollout.max_running" if r.max_running else "rollout.max_running=0 (one step's batch)"
-        raise ValueError(f"{key} = {running} sequences do not fit the engine's KV cache: {budget / 2**30:.2f} GiB "
-                         f"holds {fits} sequences of {max_model_len} tokens ({per_sequence / 2**20:.2f} MiB each); "
+        raise ValueError(f"{key} = {running} sequences do not fit the engine's KV cache: {budget / 2**20:,.0f} MiB "
+                         f"holds {fits} sequences of {max_model_len} tokens ({per_sequence / 2**10:,.0f} KiB each); "
                          f"valid: {r.group_size}-{fits}")
 
 
