@@ -33,22 +33,22 @@ algorithm.tis_cap (rlcore.objectives.tis_weights).
 """
 from __future__ import annotations
 
-import signal
 import time
 from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, logprobs, models, update
+from rlcore import logprobs, models, update
 from rlcore.batch import Batch
-from rlcore.collectives import Preempted, RunError, all_max, all_sum, set_scope
+from rlcore.collectives import RunError, all_max, all_sum, set_scope
 from rlcore.metrics import peak_memory_gb, reset_peak_memory
 from rlcore.parallel import device_type
-from rlcore.rollout.collect import collect, evaluate, pad_id
+from rlcore.rollout.collect import collect, pad_id
 from rlcore.transfer import Link, exchange, first_error, receive_weights, send_weights
 
 if TYPE_CHECKING:
+    from rlcore.loop import Loop
     from rlcore.run import Run
 
 PROBE_ROWS = 4  # sequences of the first batch every transfer is checked on
@@ -79,12 +79,11 @@ def sampled_with(batch: int, k: int) -> int:
     return max(0, batch - 1 - k)
 
 
-def generate_side(run: Run, link: Link, report, stop) -> dict:
+def generate_side(run: Run, link: Link, loop: Loop) -> dict:
     """Ranks [0, R): sample, score and hand over batches; receive weights; eval; log (rank 0)."""
     cfg, k, steps = run.cfg, run.cfg.rollout.max_staleness, run.cfg.train.steps
     ready: dict[int, tuple[Batch, dict]] = {}  # batch -> (this rank's scored share, its metrics)
-    summary: dict[str, float] = {}
-    start, probe = 0, None
+    probe = None
 
     def produce(b: int) -> None:
         t = time.perf_counter()
@@ -105,28 +104,25 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
         if t == 0 and dist.get_rank() == 0:
             probe = [row[keep].tolist() for row, keep in
                      zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
-        messages = exchange(link, {"batch": share, "error": error, "stop": stop.received, "probe": probe})
+        messages = exchange(link, {"batch": share, "error": error, "stop": loop.stop.received, "probe": probe,
+                                   "loop": loop.state if dist.get_rank() == 0 else None})
         probe = messages[0]["probe"]
         if first_error(messages):
             raise RunError(first_error(messages))
+        loop.state = trainers_state(run, messages)
         stopping = any(m["stop"] for m in messages)
-        if t > 0 and (stopping or saves(cfg, t)):
+        if t > 0 and (stopping or loop.save_due(t)):
             later = {b: v for b, v in ready.items() if b > t}  # not yet logged (batch t+1 is with the trainers)
-            path = save(run, t, {"ready": later, "probe": probe, "summary": summary})
+            path = loop.save(t, {}, {"split": {"ready": later, "probe": probe}}, writer=run.dims.rollout_ranks)
         if stopping:
-            raise preempted(stop, t, path)
+            raise loop.preempted(t, path)
 
+    start = loop.begin({})
     if run.resume_from is not None:
-        start, state = resume(run)
-        ready, probe, summary = state["ready"], state["probe"], state["summary"]
+        state = own_state(run)
+        ready, probe = state["ready"], state["probe"]
         receive_weights(run, link)  # the checkpointed weights (logged already)
     else:
-        if run.eval_rows:
-            t0 = time.perf_counter()
-            summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
-            report.extra |= {"time/eval_s": time.perf_counter() - t0,
-                             "eval/accuracy_start": summary["eval/accuracy_start"]}
-            run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
         hand_over(0, None)
     last = time.perf_counter()  # the wall time between two exchanges is a step of the split loop
     for t in range(start, steps + 1):
@@ -139,66 +135,34 @@ def generate_side(run: Run, link: Link, report, stop) -> dict:
             metrics = ready.pop(t)[1] | header["metrics"] | {
                 "async/probe_logprob_diff_max": gap, "async/engine_version": run.engine.version,
                 "time/sync_s": sync_s, "sync/gb": sync_gb, "throughput/sync_gb_s": sync_gb / max(sync_s, 1e-9)}
-            if run.plan is not None:  # the rollout and trainer bars, beside each side's measured peak
-                metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
-                            "memory/plan_train_gb": run.plan.train.total / 2**30}
+            metrics |= loop.plan_metrics()  # the rollout and trainer bars, beside each side's measured peak
             if gap > cfg.rollout.logprob_diff_threshold:
                 error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                          f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
                          f"holds other weights than the trainers sent (transfer failed)")
-            elif run.eval_rows and (t % cfg.train.eval_every == 0 or t == steps):
-                t0 = time.perf_counter()
-                metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - t0}
+            else:
+                loop.evaluate(t, metrics)
             metrics["time/wall_s"], last = time.perf_counter() - last, time.perf_counter()
-            run.logger.log(t, metrics)
-            summary |= metrics
-            report.add(metrics)
+            loop.record(t, metrics)
             hand_over(t, error)
         # Sample ahead, at most k versions behind the weights the engine holds.
         b = max(ready, default=t + 1) + 1
         while b <= steps and sampled_with(b, k) <= run.engine.version:
             produce(b)
             b += 1
-    return summary
+    return loop.summary
 
 
-def saves(cfg, t: int) -> bool:
-    return t == cfg.train.steps or bool(cfg.train.save_every and t % cfg.train.save_every == 0)
+def trainers_state(run: Run, messages: list[dict]) -> dict:
+    """The loop state a checkpoint saves, the same on every rank: the counters of the first trainer rank
+    (which writes trainer.pt) and rank 0's start-of-run eval."""
+    evals = {k: v for k, v in messages[0]["loop"].items() if k.startswith("eval/")}
+    return messages[run.dims.rollout_ranks]["loop"] | evals
 
 
-def save(run: Run, t: int, state: dict):
-    """Collective over every rank at the batch half of exchange t: the trainers' models, optimizers and
-    schedulers (DCP), each rank's RNG and its batches in flight (`state`), the rollout ranks' prompt streams.
-    A save that fails stops the run (every rank), as colocated."""
-    t0 = time.perf_counter()
-    trains, root = run.dims.trains(dist.get_rank()), run.run_dir / "checkpoints"
-    try:
-        path = checkpoint.save(root, t, run.trained_models() if trains else {}, run.prompts, {"step": t}, run.meta,
-                               run.cfg.train.keep_checkpoints, run.tokenizer, extra={"split": state},
-                               writer=run.dims.rollout_ranks)
-    except checkpoint.SaveError as e:
-        complete = checkpoint.scan(root)[0]
-        raise RunError(f"{e}; " + (f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint")) \
-            from None
-    run.logger.print(f"checkpoint {path} ({time.perf_counter() - t0:.1f} s)")
-    return path
-
-
-def preempted(stop, t: int, path) -> Preempted:
-    name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
-    if path is None:  # before the first step: nothing trained, nothing to save
-        return Preempted(f"{name} before step 1; nothing to checkpoint; start again")
-    return Preempted(f"{name} after step {t}; checkpoint {path} written; continue with resume=auto")
-
-
-def resume(run: Run) -> tuple[int, dict]:
-    """-> (the step the checkpoint was saved after, this rank's state in flight)."""
-    trains = run.dims.trains(dist.get_rank())
-    loop, notes = checkpoint.load(run.resume_from, run.trained_models() if trains else {}, run.prompts, run.group)
-    for line in notes:
-        run.logger.print(line)
-    own = torch.load(run.resume_from / f"rank_{dist.get_rank()}.pt", weights_only=False)
-    return loop["step"], own["split"]
+def own_state(run: Run) -> dict:
+    """This rank's batches in flight and the probe, as the checkpoint saved them."""
+    return torch.load(run.resume_from / f"rank_{dist.get_rank()}.pt", weights_only=False)["split"]
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------
@@ -211,46 +175,44 @@ def my_slice(run: Run, messages: list[dict]) -> Batch:
     return whole.rows(j * n, (j + 1) * n)
 
 
-def train_side(run: Run, link: Link, stop) -> None:
+def train_side(run: Run, link: Link, loop: Loop) -> None:
     """Ranks [R, W): take batch t, train step t, send version t."""
     cfg, steps = run.cfg, run.cfg.train.steps
-    k, in_a_row = cfg.rollout.max_staleness, 0
+    k, leader = cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
 
     def take(t: int) -> Batch | None:
         """The batch half of exchange t: this rank's slice of batch t+1, and the checkpoint when due."""
         nonlocal probe
         path = None
-        messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
+        messages = exchange(link, {"batch": None, "error": None, "stop": loop.stop.received, "probe": None,
+                                   "loop": loop.state if leader else None})
         if first_error(messages):
             raise RunError(first_error(messages))
         probe = messages[0]["probe"]
+        loop.state = trainers_state(run, messages)
         batch = my_slice(run, messages) if t < steps else None
         stopping = any(m["stop"] for m in messages)
-        if t > 0 and (stopping or saves(cfg, t)):
-            path = save(run, t, {"batch": batch, "probe": probe})
+        if t > 0 and (stopping or loop.save_due(t)):
+            path = loop.save(t, run.trained_models(), {"split": {"batch": batch, "probe": probe}},
+                             writer=run.dims.rollout_ranks)
         if stopping:
-            raise preempted(stop, t, path)
+            raise loop.preempted(t, path)
         return batch
 
+    start = loop.begin(run.trained_models())
     if run.resume_from is not None:
-        start, state = resume(run)
+        state = own_state(run)
         batch, probe = state["batch"], state["probe"]
         send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
     else:
-        start, probe = 0, None
+        probe = None
         batch = take(0)
-    skipped = 0
     for t in range(start + 1, steps + 1):
         error, metrics = None, {}
         try:
             metrics = train_step(run, batch, t, k)
-            in_a_row = in_a_row + 1 if metrics.pop("train/skipped") else 0
-            skipped += in_a_row > 0
-            metrics["train/skipped_steps"] = skipped
-            if in_a_row >= cfg.train.max_skipped_steps:
-                raise RunError(f"{in_a_row} steps in a row had a non-finite loss or gradient (train.max_skipped_steps="
-                               f"{cfg.train.max_skipped_steps}); stopped at step {t} with the weights of the last "
-                               f"finite step")
+            loop.count(t, metrics)
+            loop.check_skipped(t)
         except RunError as e:  # the rollout ranks must hear of it before every rank stops
             error = str(e)
         send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
@@ -258,10 +220,8 @@ def train_side(run: Run, link: Link, stop) -> None:
         if error:
             raise RunError(error)
         batch = take(t)
-        if t == steps or (cfg.train.export_every and t % cfg.train.export_every == 0):
-            from rlcore import export
-            export.export_hf(run.run_dir / "hf" / f"step_{t}", run.policy, cfg.model.path, run.tokenizer,
-                             merged=cfg.lora.export_merged, group=run.train_group, writer=run.dims.rollout_ranks)
+        if loop.export_due(t):
+            loop.export(t, group=run.train_group, writer=run.dims.rollout_ranks)
 
 
 def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
@@ -293,7 +253,7 @@ def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
 
 # ---- the run ----------------------------------------------------------------------------------------------
 
-def train(run: Run, report, stop) -> dict[str, float]:
+def train(run: Run, loop: Loop) -> dict[str, float]:
     """Both sides of the split loop; returns the summary on the rollout ranks ({} on the trainer ranks)."""
     if run.cfg.rollout.stream:  # the engines never drain (rlcore/stream.py imports this module)
         from rlcore import stream
@@ -301,7 +261,7 @@ def train(run: Run, report, stop) -> dict[str, float]:
     link = run.link
     if run.dims.generates(dist.get_rank()):
         set_scope(link.rollout)
-        return generate_side(run, link, report, stop)
+        return generate_side(run, link, loop)
     set_scope(run.train_group)
-    train_side(run, link, stop)
+    train_side(run, link, loop)
     return {}

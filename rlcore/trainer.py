@@ -9,7 +9,6 @@ The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algo
 from __future__ import annotations
 
 import os
-import signal
 import time
 import torch
 import torch.distributed as dist
@@ -22,6 +21,7 @@ from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
 from rlcore.rollout.collect import collect, evaluate, model_budget
+from rlcore.loop import Loop
 from rlcore.run import Run
 from rlcore.summary import Summary
 
@@ -180,9 +180,6 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     generate_peak, train_peak = all_max(generate_peak), all_max(peak_memory_gb())
     metrics |= {"memory/peak_gb": max(generate_peak, train_peak), "memory/generate_peak_gb": generate_peak,
                 "memory/train_peak_gb": train_peak}
-    if run.plan is not None:
-        metrics |= {"memory/plan_generation_gb": run.plan.generation.total / 2**30,
-                    "memory/plan_train_gb": run.plan.train.total / 2**30}
     return metrics
 
 
@@ -194,8 +191,9 @@ def train(cfg: Config) -> dict[str, float]:
     report, status = Summary(), "finished"
     report.mesh = layout(cfg, run.dims, cfg.algorithm.needs_reference and not cfg.lora.enabled, needs_critic(cfg),
                          len(run.reward_models))[0]
+    loop = Loop(run, report, stop)
     try:
-        summary = split.train(run, report, stop) if run.dims.split else colocated(run, report, stop)
+        summary = split.train(run, loop) if run.dims.split else colocated(run, loop)
         if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
@@ -213,66 +211,25 @@ def train(cfg: Config) -> dict[str, float]:
     return summary
 
 
-def colocated(run: Run, report: Summary, stop: checkpoint.StopSignal) -> dict[str, float]:
-    """The colocated loop: every rank takes every stage of every step."""
-    cfg, summary = run.cfg, {}
-    # Everything the loop carries from step to step; a checkpoint saves it (rollout seeds are derived).
-    loop = {"step": 0, "skipped_steps": 0, "skipped_in_a_row": 0}
-    if run.resume_from is not None:
-        loop, notes = checkpoint.load(run.resume_from, run.trained_models(), run.prompts, run.group)
-        for line in notes:
-            run.logger.print(line)
-        # The engine started from model.path: it samples with the checkpointed weights from step one.
+def colocated(run: Run, loop: Loop) -> dict[str, float]:
+    """The colocated loop: every rank takes every stage of every step (rlcore/loop.py: what is around it)."""
+    steps = run.cfg.train.steps
+    start = loop.begin(run.trained_models())
+    if start:  # the engine started from model.path: it samples with the checkpointed weights from step one
         run.engine.sync_weights(run.policy)
-        summary = {k: v for k, v in loop.items() if k.startswith("eval/")}
-    elif run.eval_rows:
+    for step in range(start + 1, steps + 1):
+        metrics = train_step(run, step) | loop.plan_metrics()
+        loop.count(step, metrics)
+        loop.evaluate(step, metrics)
+        loop.record(step, metrics)
+        loop.check_skipped(step)
         t = time.perf_counter()
-        summary["eval/accuracy_start"] = loop["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
-        report.extra |= {"time/eval_s": time.perf_counter() - t, "eval/accuracy_start": summary["eval/accuracy_start"]}
-        run.logger.log(0, {"eval/accuracy": summary["eval/accuracy_start"]})
-    for step in range(loop["step"] + 1, cfg.train.steps + 1):
-        metrics = train_step(run, step)
-        skipped = metrics.pop("train/skipped")
-        loop["step"], loop["skipped_steps"] = step, loop["skipped_steps"] + int(skipped)
-        loop["skipped_in_a_row"] = loop["skipped_in_a_row"] + 1 if skipped else 0
-        metrics["train/skipped_steps"] = loop["skipped_steps"]
-        if run.eval_rows and (step % cfg.train.eval_every == 0 or step == cfg.train.steps):
-            t = time.perf_counter()
-            metrics |= evaluate(run)
-            metrics["time/eval_s"] = time.perf_counter() - t
-        run.logger.log(step, metrics)
-        summary |= metrics
-        report.add(metrics)
-        if loop["skipped_in_a_row"] >= cfg.train.max_skipped_steps:
-            raise RunError(f"{loop['skipped_in_a_row']} steps in a row had a non-finite loss or gradient "
-                           f"(train.max_skipped_steps={cfg.train.max_skipped_steps}); stopped at step {step} "
-                           f"with the weights of the last finite step")
-        report.steps[-1]["time/checkpoint_s"] = save_and_export(run, step, loop, stop)
-    return summary
-
-
-def save_and_export(run: Run, step: int, loop: dict, stop: checkpoint.StopSignal) -> float:
-    """Checkpoint every train.save_every steps, at the end, and when a signal asks the run to stop;
-    HF export every train.export_every steps and at the end. A save that fails stops the run.
-    Returns the seconds spent saving and exporting."""
-    t, last, t_start = run.cfg.train, step == run.cfg.train.steps, time.perf_counter()
-    preempted = stop.any_rank(device_type())  # collective: every rank stops after the same step
-    root = run.run_dir / "checkpoints"
-    try:
-        if preempted or last or (t.save_every and step % t.save_every == 0):
-            t0 = time.perf_counter()
-            path = checkpoint.save(root, step, run.trained_models(), run.prompts, loop, run.meta,
-                                   t.keep_checkpoints, run.tokenizer)
-            size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
-            run.logger.print(f"checkpoint {path} ({size:.1f} MiB, {time.perf_counter() - t0:.1f} s)")
-        if last or (t.export_every and step % t.export_every == 0):
-            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, run.cfg.model.path, run.tokenizer,
-                             merged=run.cfg.lora.export_merged)
-    except checkpoint.SaveError as e:
-        complete = checkpoint.scan(root)[0]
-        kept = f"{complete[-1]} is intact" if complete else "there is no earlier checkpoint"
-        raise RunError(f"{e}; {kept}") from None
-    if preempted:
-        name = signal.Signals(stop.received).name if stop.received else "a signal to another rank"
-        raise Preempted(f"{name} after step {step}; checkpoint {path} written; continue with resume=auto")
-    return time.perf_counter() - t_start
+        # The one exchange of the colocated mode: every rank hears of a signal to any rank after the same step.
+        preempted = loop.stop.any_rank(device_type())
+        path = loop.save(step, run.trained_models()) if preempted or loop.save_due(step) else None
+        if loop.export_due(step):
+            loop.export(step)
+        if preempted:
+            raise loop.preempted(step, path)
+        loop.report.steps[-1]["time/checkpoint_s"] = time.perf_counter() - t
+    return loop.summary

@@ -127,6 +127,7 @@ def test_hf_export_loads_in_transformers_and_vllm(straight, tmp_path):
 
 
 NAN_RECIPE = '''
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,8 +137,8 @@ from rlcore.cli import load_recipe
 
 @dataclass
 class NaNAtSteps(GRPO):
-    """GRPO whose loss is NaN at the chosen steps (advantages() runs once per step)."""
-    nan_steps: str = "2,4,5"
+    """GRPO whose loss is NaN at the chosen steps of this process (advantages() runs once per step)."""
+    nan_steps: str = os.environ.get("RLCORE_NAN_STEPS", "2,4,5")
     step: int = 0
 
     def advantages(self, *args, **kwargs):

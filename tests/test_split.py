@@ -143,6 +143,28 @@ def test_split_learns(tmp_path, nproc, staleness):
 
 
 @pytest.mark.slow
+def test_skipped_steps_count_across_a_resume(tmp_path):
+    """The non-finite guard's counters are loop state, checkpointed as colocated (rlcore/loop.py): a NaN step
+    2 before the checkpoint and a NaN step 3 after the resume are two in a row, and with
+    train.max_skipped_steps=2 the resumed run stops at step 3 (it used to restart the counters at 0 and run on)."""
+    from test_checkpoint import NAN_RECIPE, SMALL
+
+    recipe = tmp_path / "nan_grpo.py"
+    recipe.write_text(f"ROOT = {str(Path(__file__).resolve().parents[1])!r}\n" + NAN_RECIPE)
+    run = (f"recipe={recipe}", "rollout.ranks=1", "train.max_skipped_steps=2", "optim.warmup_steps=0",
+           "train.steps=4", "train.save_every=2", f"output_dir={tmp_path}", *SMALL)
+    # NaN at step 2; the trainer rank killed in step 3; resumed, NaN at the new process's step 1 (the run's 3)
+    proc = torchrun(WORKERS / "faults.py", *run, env={"KILL_RANK": "1", "KILL_AT_UPDATE": "3",
+                                                      "RLCORE_NAN_STEPS": "2"})
+    assert -9 in rank_exit_codes(proc), proc.stderr[-4000:]
+    proc = train_cmd(*run, "resume=auto", env={"RLCORE_NAN_STEPS": "1"})
+    assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
+    assert ("2 steps in a row had a non-finite loss or gradient (train.max_skipped_steps=2); stopped at step 3"
+            in proc.stderr)
+    assert [r["train/skipped_steps"] for r in metrics(tmp_path / "demo")] == [0, 1]  # step 3 stopped unlogged
+
+
+@pytest.mark.slow
 def test_probe_stops_a_corrupted_transfer(tmp_path):
     """At k=1 the per-step check cannot compare (the engine sampled with older weights); the probe scored
     after each transfer can: one tensor scaled by 1.01 in the second transfer stops every rank with exit 3."""
