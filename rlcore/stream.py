@@ -49,22 +49,22 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, set_scope
-from rlcore.rollout.collect import evaluate, pad_id, rollout_seed, score
+from rlcore.rollout.collect import pad_id, rollout_seed, score
 from rlcore.rollout.turns import Trajectory, to_batch
-from rlcore.split import (PROBE_ROWS, my_slice, preempted, probe_logprobs, resume, save, saves, send_weights,
-                          train_step)
-from rlcore.transfer import Link, exchange, first_error, receive_weights
+from rlcore.split import PROBE_ROWS, my_slice, own_state, probe_logprobs, train_step, trainers_state
+from rlcore.transfer import Link, exchange, first_error, receive_weights, send_weights
 
 if TYPE_CHECKING:
+    from rlcore.loop import Loop
     from rlcore.run import Run
 
 
 class Engine:
     """Rank 0: the streaming engine loop and everything it carries between steps (what a checkpoint saves)."""
 
-    def __init__(self, run: Run, link: Link, report, stop):
+    def __init__(self, run: Run, link: Link, loop: Loop):
         cfg, r = run.cfg, run.cfg.rollout
-        self.run, self.link, self.report, self.stop = run, link, report, stop
+        self.run, self.link, self.loop, self.stop = run, link, loop, loop.stop
         self.P, self.G, self.k, self.steps = r.prompts_per_step, r.group_size, r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
@@ -73,7 +73,6 @@ class Engine:
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
-        self.summary: dict[str, float] = {}
         self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
 
     # ---- the state of the schedule (the same numbers in every run of a config) ----
@@ -96,7 +95,7 @@ class Engine:
 
     def draining(self) -> bool:
         v = self.handed
-        return self.run.engine.version < v and (saves(self.run.cfg, v) or self.evals(v))
+        return self.run.engine.version < v and (self.loop.save_due(v) or self.evals(v))
 
     def evals(self, v: int) -> bool:
         return bool(self.run.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
@@ -120,7 +119,7 @@ class Engine:
                 continue
             self.admit()
             self.step()
-        return self.summary
+        return self.loop.summary
 
     def admit(self) -> None:
         if self.draining():
@@ -167,9 +166,10 @@ class Engine:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
         messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
-                                        "probe": self.probe})
+                                        "probe": self.probe, "loop": self.loop.state})
         if first_error(messages):
             raise RunError(first_error(messages))
+        self.loop.state = trainers_state(self.run, messages)
         if share is not None:
             self.handed = b
         if any(m["stop"] for m in messages):
@@ -190,26 +190,23 @@ class Engine:
         gap = max(abs(a - b) for g, e in zip(got, header["probe"]) for a, b in zip(g, e))
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
-            "sync/gb": header["receive_bytes"] / 1e9}
+            "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
         error = None
         if gap > run.cfg.rollout.logprob_diff_threshold:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                      f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
                      f"holds other weights than the trainers sent (transfer failed)")
-        elif self.evals(v):  # drained (above): the eval's own generate calls find the engine empty
-            t = time.perf_counter()
-            metrics |= evaluate(run) | {"time/eval_s": time.perf_counter() - t}
-        run.logger.log(v, metrics)
-        self.summary |= metrics
-        self.report.add(metrics)
-        messages = exchange(self.link, {"error": error, "stop": self.stop.received})
+        else:  # an eval step drained the engine (above): the eval's own generate calls find it empty
+            self.loop.evaluate(v, metrics)
+        self.loop.record(v, metrics)
+        messages = exchange(self.link, {"error": error, "stop": self.stop.received, "loop": self.loop.state})
         if first_error(messages):
             raise RunError(first_error(messages))
-        stopping = any(m["stop"] for m in messages)
-        if stopping:
+        self.loop.state = trainers_state(run, messages)
+        if any(m["stop"] for m in messages):
             self.stopping(v)
-        if saves(run.cfg, v):
-            save(run, v, self.state())
+        if self.loop.save_due(v):
+            self.save(v)
 
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
@@ -220,19 +217,18 @@ class Engine:
         for g in dropped:
             del self.samples[g]
         self.live, self.todo = {}, sorted(set(self.todo) | set(dropped))
-        path = save(self.run, step, self.state()) if step > 0 else None
-        raise preempted(self.stop, step, path)
+        raise self.loop.preempted(step, self.save(step) if step > 0 else None)
 
-    def state(self) -> dict:
-        assert not self.live, "a checkpoint of the stream is taken with nothing running"
-        return {"rows": self.rows, "samples": self.samples, "next_group": self.next_group, "todo": self.todo,
-                "handed": self.handed, "probe": self.probe, "pending": self.pending, "summary": self.summary}
+    def save(self, step: int):
+        """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
+        state = {"rows": self.rows, "samples": self.samples, "next_group": self.next_group, "todo": self.todo,
+                 "handed": self.handed, "probe": self.probe, "pending": self.pending}
+        return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
 
     def restore(self, state: dict) -> None:
         self.rows, self.samples, self.next_group, self.todo = (state["rows"], state["samples"], state["next_group"],
                                                                state["todo"])
-        self.handed, self.probe, self.pending, self.summary = (state["handed"], state["probe"], state["pending"],
-                                                               state["summary"])
+        self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
 
     # ---- batches and metrics ----
 
@@ -276,69 +272,67 @@ class Engine:
         return metrics
 
 
-def generate_side(run: Run, link: Link, report, stop) -> dict:
-    """Rank 0: the streaming engine (the start-of-run eval, then the loop)."""
-    engine = Engine(run, link, report, stop)
+def generate_side(run: Run, link: Link, loop: Loop) -> dict:
+    """Rank 0: the streaming engine (after the resume, or the start-of-run eval), then the loop."""
+    engine = Engine(run, link, loop)
+    loop.begin({})
     if run.resume_from is not None:
-        _, state = resume(run)
-        engine.restore(state)
+        engine.restore(own_state(run))
         receive_weights(run, link)  # the checkpointed weights (logged already)
-    elif run.eval_rows:
-        t0 = time.perf_counter()
-        engine.summary["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
-        report.extra |= {"time/eval_s": time.perf_counter() - t0,
-                         "eval/accuracy_start": engine.summary["eval/accuracy_start"]}
-        run.logger.log(0, {"eval/accuracy": engine.summary["eval/accuracy_start"]})
     engine.clock["t"] = time.perf_counter()
     return engine.loop()
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------
 
-def train_side(run: Run, link: Link, stop) -> None:
+def train_side(run: Run, link: Link, loop: Loop) -> None:
     """Ranks [1, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
-    cfg, steps, k = run.cfg, run.cfg.train.steps, run.cfg.rollout.max_staleness
-    probe, skipped, in_a_row = None, 0, 0
+    steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
+    probe = None
 
-    def take(b: int) -> Batch | None:
-        nonlocal probe
-        messages = exchange(link, {"batch": None, "error": None, "stop": stop.received, "probe": None})
+    def agree(mine: dict) -> list[dict]:
+        messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
+                                          "loop": loop.state if leader else None})
         if first_error(messages):
             raise RunError(first_error(messages))
+        loop.state = trainers_state(run, messages)
+        return messages
+
+    def save(step: int, batch: Batch | None):
+        return loop.save(step, run.trained_models(), {"split": {"batch": batch, "probe": probe}},
+                         writer=run.dims.rollout_ranks)
+
+    def take(b: int) -> Batch | None:
+        """Hand-over b: this rank's slice of batch b (None when a signal ended the engine's batch early)."""
+        nonlocal probe
+        messages = agree({"batch": None, "probe": None})
         probe = messages[0]["probe"]
         batch = my_slice(run, messages) if messages[0]["batch"] is not None else None
         if any(m["stop"] for m in messages):
-            path = save(run, b - 1, {"batch": batch, "probe": probe}) if b > 1 else None
-            raise preempted(stop, b - 1, path)
+            raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
         return batch
 
     def control(t: int) -> None:
-        messages = exchange(link, {"error": None, "stop": stop.received})
-        if first_error(messages):
-            raise RunError(first_error(messages))
-        stopping = any(m["stop"] for m in messages)
-        path = save(run, t, {"batch": None, "probe": probe}) if stopping or saves(cfg, t) else None
+        """After the engine loaded version t: the checkpoint when due or asked for."""
+        stopping = any(m["stop"] for m in agree({}))
+        path = save(t, None) if stopping or loop.save_due(t) else None
         if stopping:
-            raise preempted(stop, t, path)
+            raise loop.preempted(t, path)
 
+    start = loop.begin(run.trained_models())
     if run.resume_from is not None:
-        start, state = resume(run)
+        state = own_state(run)
         batch, probe = state["batch"], state["probe"]
         send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
         batch = take(start + 1) if batch is None else batch
     else:
-        start, batch = 0, take(1)
+        batch = take(1)
     for t in range(start + 1, steps + 1):
         error, metrics = None, {}
         try:
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
-            in_a_row = in_a_row + 1 if metrics.pop("train/skipped") else 0
-            skipped += in_a_row > 0
-            metrics["train/skipped_steps"] = skipped
-            if in_a_row >= cfg.train.max_skipped_steps:
-                raise RunError(f"{in_a_row} steps in a row had a non-finite loss or gradient (train.max_skipped_steps="
-                               f"{cfg.train.max_skipped_steps}); stopped at step {t} with the weights of the last "
-                               f"finite step")
+            loop.count(t, metrics)
+            loop.check_skipped(t)
         except RunError as e:  # the engine must hear of it before every rank stops
             error = str(e)
         send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
@@ -348,10 +342,8 @@ def train_side(run: Run, link: Link, stop) -> None:
         control(t)
         if t < steps:
             batch = take(t + 1)
-        if t == steps or (cfg.train.export_every and t % cfg.train.export_every == 0):
-            from rlcore import export
-            export.export_hf(run.run_dir / "hf" / f"step_{t}", run.policy, cfg.model.path, run.tokenizer,
-                             merged=cfg.lora.export_merged, group=run.train_group, writer=run.dims.rollout_ranks)
+        if loop.export_due(t):
+            loop.export(t, group=run.train_group, writer=run.dims.rollout_ranks)
 
 
 def token_staleness(batch: Batch, t: int) -> dict[str, float]:
@@ -365,11 +357,11 @@ def token_staleness(batch: Batch, t: int) -> dict[str, float]:
             "async/versions_per_sample": spans / n}
 
 
-def train(run: Run, report, stop) -> dict[str, float]:
+def train(run: Run, loop: Loop) -> dict[str, float]:
     """Both sides of the streaming loop; returns the summary on the engine rank ({} on the trainer ranks)."""
     if run.dims.generates(dist.get_rank()):
         set_scope(run.link.rollout)
-        return generate_side(run, run.link, report, stop)
+        return generate_side(run, run.link, loop)
     set_scope(run.train_group)
-    train_side(run, run.link, stop)
+    train_side(run, run.link, loop)
     return {}
