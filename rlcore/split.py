@@ -255,9 +255,6 @@ def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
 
 def train(run: Run, loop: Loop) -> dict[str, float]:
     """Both sides of the split loop; returns the summary on the rollout ranks ({} on the trainer ranks)."""
-    if run.cfg.rollout.stream:  # the engines never drain (rlcore/stream.py imports this module)
-        from rlcore import stream
-        return stream.train(run, loop)
     link = run.link
     if run.dims.generates(dist.get_rank()):
         set_scope(link.rollout)

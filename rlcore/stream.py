@@ -107,7 +107,7 @@ class Engine:
 
     # ---- the loop ----
 
-    def loop(self) -> dict:
+    def serve(self) -> dict:
         engine = self.run.engine
         while engine.version < self.steps:
             if engine.version == self.handed:  # next exchange: hand over batch handed + 1
@@ -280,7 +280,7 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         engine.restore(own_state(run))
         receive_weights(run, link)  # the checkpointed weights (logged already)
     engine.clock["t"] = time.perf_counter()
-    return engine.loop()
+    return engine.serve()
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------
