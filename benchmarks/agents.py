@@ -50,7 +50,7 @@ def worker(args) -> None:
     from rlcore.config import Config, ModelConfig, RolloutConfig
     from rlcore.parallel import ParallelDims, build_meshes, init_distributed
     from rlcore.rollout import RolloutEngine, continuous
-    from rlcore.rollout.collect import make_envs
+    from rlcore.rollout.envs import make_envs
     from rlcore.rollout.turns import Trajectory, rollout
 
     init_distributed()

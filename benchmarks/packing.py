@@ -56,7 +56,7 @@ def worker(args) -> None:
     """One contender in this process: warm-up, then timed updates; prints one JSON line."""
     import torch
 
-    from rlcore import logprobs, models, update
+    from rlcore import forward, models, update
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import ModelConfig, OptimConfig, RolloutConfig, TrainConfig, Config
     from rlcore.parallel import init_distributed
@@ -95,7 +95,7 @@ def worker(args) -> None:
                                                                   max_name_column_width=40, max_shapes_column_width=60))
         return
     times = [one() for _ in range(args.repeats)]
-    mbs = logprobs.micro_batches(run, template)
+    mbs = forward.micro_batches(run, template)
     print(json.dumps({"budget": args.budget, "times": times, "real_tokens": real, "vocab": policy.config.vocab_size,
                       "padded_tokens": int(template.attention_mask.numel()), "micro_batches": len(mbs),
                       "peak_mb": (status_kb("VmHWM") - base_kb) / 1024, "base_mb": base_kb / 1024}), flush=True)

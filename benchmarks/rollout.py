@@ -60,8 +60,8 @@ def main() -> None:
     cfg.data.eval_path = ""
     cfg.output_dir, cfg.name = tempfile.mkdtemp(prefix="rlcore-bench-rollout-"), "bench"
     run = trainer.setup(cfg)
-    rows = run.prompts.next_batch()
-    run.prompts = FixedPrompts(rows)
+    rows = run.rollout.prompts.next_batch()
+    run.rollout.prompts = FixedPrompts(rows)
     G, step = cfg.rollout.group_size, 1
     prompts = [{"prompt_token_ids": row["prompt_ids"]} for row in rows]
     seeds = [rollout_seed(cfg.seed, step, i, G) for i in range(len(rows))]

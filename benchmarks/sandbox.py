@@ -5,8 +5,10 @@
 
 Per round, alternating, each contender runs `--calls` executions of `print(1 + 1)` from 2 threads:
   warm  one Sandbox(workers=2) for the whole run: a call is a fork of a warm worker (the pool's normal path)
-  cold  a new Sandbox(workers=1) per call: a fresh `python -I` worker with the same setup (network namespace,
-        user drop, limits), one execution, close; what a sandbox without a pool pays per call
+  cold  a new Sandbox(workers=1) per call: a fresh `python -I` worker with the same setup (namespaces, user
+        drop, limits, the worker's self-test), one execution, close; what a sandbox without a pool pays per call
+A warm call is itself a fresh process tree (zygote fork, PID/mount/IPC namespaces, tmpfs, /proc): see
+rlcore/sandbox_zygote.py.
 executions/s is calls / wall time of the round (median over rounds); latency is each call's wall time as the
 caller saw it (p50/p99 over all rounds; with 2 threads on 2 workers, contention included). Every result must
 be "2\n", or the benchmark stops. Also one thread on the warm pool: the per-call overhead without contention.
@@ -82,8 +84,9 @@ def main() -> None:
     pool.close()
 
     status = pool.status
-    lines = [f"Sandbox status: network_isolated={status['network_isolated']}, user_dropped={status['user_dropped']}, "
-             f"limits as SandboxConfig's defaults (timeout 10 s, 512 MiB address space, 32 processes).",
+    active = ", ".join(f"{k}={v}" for k, v in status.items() if isinstance(v, bool))
+    lines = [f"Sandbox status: {active}; limits as SandboxConfig's defaults (timeout 10 s, 512 MiB address space, "
+             f"32 processes).",
              "The machine was shared with a full test-suite run and other work while this ran (load average "
              "above the 2 cores): absolute numbers are pessimistic, the ratio is the point.", "",
              "| path | executions/s (median of rounds) | p50 ms | p99 ms | calls |", "|---|---|---|---|---|"]

@@ -17,6 +17,9 @@ Print the launch plan (mesh, models, per-GPU memory; rlcore/plan.py) on rank 0 a
 Every config key of a recipe (type, the recipe's value after any overrides, what it means), starting nothing:
     python launch/train.py recipe=grpo --help
 
+Other libraries' warnings, deprecation notices and progress bars (vLLM, torch, transformers, datasets) are hidden,
+their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows them (rlcore/library_logs.py).
+
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
 (its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
@@ -37,12 +40,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
+from rlcore import library_logs  # noqa: E402  (the standard library only)
+
+# Other libraries' startup notes hidden (logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 show them); torch
+# reads its C++ log level once, at import, so this comes first.
+library_logs.before_imports(sys.argv[1:])
+
 import torch.distributed as dist  # noqa: E402
 
 from rlcore import config_help, plan  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 from rlcore.preflight import InputError  # noqa: E402
-from rlcore.trainer import Preempted, RunError, train  # noqa: E402
+from rlcore.collectives import Preempted, RunError  # noqa: E402
+from rlcore.trainer import train  # noqa: E402
 
 EXIT_BAD_INPUT = 2  # configuration, model, data, reward setup or resume checkpoint is invalid
 EXIT_RUN_STOPPED = 3  # the run stopped itself (stale weights, reward failure, non-finite steps, failed save)
@@ -59,6 +69,7 @@ def main(argv: list[str]) -> int:
                 print(text, flush=True)
             return 0
         cfg = parse_argv(argv, ROOT / "recipes")
+        library_logs.apply(cfg.logging.library_logs)  # before an engine imports vLLM
         if cfg.plan.show:
             show_plan(cfg, rank)
         else:

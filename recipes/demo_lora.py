@@ -30,6 +30,6 @@ def config() -> Config:
         train=TrainConfig(steps=60, mini_batches=1, micro_batch_size=128, eval_every=10),
         rewards=[RewardSpec(fn="rlcore.rewards:arithmetic_exact", weight=1.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.2, kl_coef=0.0, loss_agg="token-mean"),
-        # r=16, alpha=32: the defaults of /work/shared/notes/lora.md; every attention and MLP linear.
+        # r=16, alpha=32: rlcore's LoraConfig defaults (sources beside its fields); every attention and MLP linear.
         lora=LoraConfig(enabled=True, rank=16, alpha=32.0, lr_scale=10.0),
     )

@@ -36,6 +36,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from rlcore.collectives import first_error
+
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
@@ -50,9 +52,7 @@ class SaveError(RuntimeError):
 def _agree(error: str | None, group=None) -> None:
     """Collective (over `group`, default the world): if any rank failed, every rank raises SaveError with the
     first message."""
-    errors = [None] * dist.get_world_size(group)
-    dist.all_gather_object(errors, error, group=group)
-    first = next((e for e in errors if e), None)
+    first = first_error(error, group)
     if first:
         raise SaveError(first)
 

@@ -32,11 +32,18 @@ def set_scope(group) -> None:
     _scope = group
 
 
+def first_error(error: str | None, group=None) -> str | None:
+    """Collective over `group` (None: the whole world): every rank's error or None; returns the first error
+    (by rank), the same on every rank, so every rank can raise it together and none waits forever. The one
+    way ranks agree on an error: the stages (`agree`), preflight (bad input) and checkpoints (save errors)."""
+    errors = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    return next((e for e in errors if e), None)
+
+
 def agree(error: str | None) -> None:
-    """If any rank hit an error, every rank raises the first one (so no rank waits forever)."""
-    errors = [None] * dist.get_world_size(_scope)
-    dist.all_gather_object(errors, error, group=_scope)
-    first = next((e for e in errors if e), None)
+    """If any rank of this rank's scope hit an error, every rank raises the first one as a RunError."""
+    first = first_error(error, _scope)
     if first:
         raise RunError(first)
 

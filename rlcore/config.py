@@ -8,7 +8,9 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, NamedTuple
+
+from rlcore.algorithms.base import check as check_algorithm
 
 
 @dataclass
@@ -57,6 +59,12 @@ class RolloutConfig:
     env_workers: int = 8  # threads per rank stepping environments concurrently
     env_weight: float = 1.0  # weight of the summed environment step rewards (reward part "env")
     truncated_reward: float | None = None  # fixed reward of trajectories ended by a limit; None = scored as usual
+    # What one model turn may ask of its tools (rlcore.rollout.tools; environments read both through
+    # rlcore.rollout.env.limits()): calls past the cap are answered "not run" (tool/too_many_calls); no call
+    # starts after the turn's deadline and the python tool's program is stopped at it (tool/deadline). The
+    # loop's own limits (env_timeout_s, the continuous budgets) bring the deadline earlier when they end sooner.
+    max_tool_calls: int = 8  # tool calls run per model turn at most; the rest are answered "not run"
+    turn_deadline_s: float = 30.0  # seconds a turn's tool calls may take: none starts later, a program stops then
     # How turns meet the engine (rlcore.rollout.continuous): "lockstep" = one engine call per turn over every
     # active trajectory (bit-reproducible); "continuous" = each trajectory's next turn joins the running engine
     # as soon as its own environment answered (faster with slow tools; batches depend on tool timing).
@@ -68,7 +76,7 @@ class RolloutConfig:
     ranks: int = 0
     # Split mesh: the engines may sample a batch with weights at most this many optimizer steps older than the
     # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
-    # off-policy correction (algorithm.tis_cap > 0).
+    # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
     # Streaming (rlcore/stream.py), with a split mesh: the engine never drains; it keeps up to max_running
     # sequences running, admits the next prompt group as soon as there is room, and loads each new version
@@ -111,7 +119,7 @@ class TrainConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy (rlcore/lora.py); defaults and their sources: /work/shared/notes/lora.md.
+    """LoRA adapters on the policy (rlcore/lora.py); each default's source is beside its field.
     `lora=true` on the command line is short for `lora.enabled=true`."""
     SHORTHAND: ClassVar[str] = "enabled"
     enabled: bool = False  # train low-rank adapters on a frozen base instead of every weight
@@ -150,7 +158,8 @@ class SandboxConfig:
     cpu_s: float = 10.0  # RLIMIT_CPU of each process the code starts, seconds (rounded up)
     memory_mb: int = 512  # RLIMIT_AS of each process: address space, not resident memory, MiB
     file_mb: int = 16  # RLIMIT_FSIZE: the largest file the code may write, MiB
-    max_processes: int = 32  # RLIMIT_NPROC of the sandbox user, its worker included (binds after the user drop)
+    tmp_mb: int = 64  # size of each call's private tmpfs (its cwd, /tmp, /var/tmp and /dev/shm: RAM), MiB
+    max_processes: int = 32  # RLIMIT_NPROC of the call's uid: the code's processes at once (binds after the user drop)
     max_output_bytes: int = 16384  # stdout and stderr kept, bytes each; more ends the call, "output_truncated"
     workers: int = 2  # warm worker processes per rank: calls that run at once
     # modules each worker imports before it drops its user: free in every call, and the only ones there are
@@ -176,6 +185,9 @@ class LoggingConfig:
     """TensorBoard (runs/<name>/tb) and metrics.jsonl always; Weights & Biases on request."""
     wandb: bool = False  # mirror every logged key and the config to wandb (pip install 'rlcore[wandb]')
     wandb_project: str = "rlcore"  # wandb project; the run is named after `name` (WANDB_MODE=offline works)
+    # show other libraries' warnings, deprecation notices and progress bars (vLLM, torch, transformers,
+    # datasets), for debugging; false: their errors only. RLCORE_LIBRARY_LOGS=1 does the same (docs/running.md)
+    library_logs: bool = False
 
 
 @dataclass
@@ -196,14 +208,34 @@ class Config:
     critic: CriticConfig = field(default_factory=CriticConfig)  # value model (PPO); unused by GRPO / REINFORCE++
     rewards: list[RewardSpec] = field(default_factory=list)  # summed with their weights
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)  # limits of model-written code (rlcore.sandbox)
-    algorithm: Any = None  # an algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); the recipe picks it
+    # The recipe's algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); its contract (the flags and hooks the
+    # trainer uses) is rlcore.algorithms.base.Algorithm. Typed Any: overrides are typed by the object's fields.
+    algorithm: Any = None
+
+
+class Models(NamedTuple):
+    """Which of the four models a run builds, and what its engines serve: decided once from the config, and
+    asked by setup, the plan, preflight, LoRA, the engine and the layout lines."""
+    reference: str  # "copy": a frozen copy of the policy; "adapters_off": the policy with its LoRA adapters off; "none"
+    critic: bool  # the algorithm trains a value model (PPO)
+    engine_lora: bool  # the engines serve the LoRA adapters (lora.sync=adapter), not merged full weights
+    lora: bool  # the policy is trained as LoRA adapters over a frozen base
+
+
+def models_of(cfg: Config) -> Models:
+    """The one place that decides the run's models from the config (an engine-only tool's config may have no
+    algorithm: then no reference and no critic)."""
+    algorithm, lora = cfg.algorithm, cfg.lora.enabled
+    needs_reference = algorithm is not None and algorithm.needs_reference
+    return Models(reference="adapters_off" if needs_reference and lora else "copy" if needs_reference else "none",
+                  critic=algorithm is not None and algorithm.needs_critic,
+                  engine_lora=lora and cfg.lora.sync == "adapter", lora=lora)
 
 
 def validate(cfg: Config, dims) -> None:
     """Cheap checks of the whole config against the mesh (`dims`: rlcore.parallel.ParallelDims), before
     anything loads. Raises ValueError naming the field."""
-    if cfg.algorithm is None or not hasattr(cfg.algorithm, "loss"):
-        raise ValueError("algorithm is not set: the recipe must set cfg.algorithm (e.g. GRPO())")
+    check_algorithm(cfg.algorithm)
     cfg.algorithm.validate(cfg)
     if not cfg.rewards and not cfg.rollout.env:
         raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
@@ -233,10 +265,10 @@ def validate(cfg: Config, dims) -> None:
     if r.max_staleness and not dims.split:
         raise ValueError(f"rollout.max_staleness={r.max_staleness} needs a split mesh: set rollout.ranks (the ranks "
                          f"that only generate); colocated runs are on-policy")
-    if r.max_staleness and not getattr(cfg.algorithm, "tis_cap", 0):
+    if r.max_staleness and not cfg.algorithm.corrects_off_policy:
         raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
                          f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
-    if dims.split and cfg.lora.enabled and cfg.lora.sync == "adapter":
+    if dims.split and models_of(cfg).engine_lora:
         raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
     if r.stream:
         check_stream(cfg, dims)
@@ -289,7 +321,7 @@ def _one_of(*names):
 
 _SECONDS = (lambda v: 0 < v < math.inf, "a finite number of seconds > 0")  # inf would disarm the deadlines
 _SANDBOX = {"timeout_s": _SECONDS, "cpu_s": _SECONDS, "memory_mb": _whole(1), "file_mb": _whole(1),
-            "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
+            "tmp_mb": _whole(1), "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
 # Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
 # are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
 _OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
@@ -309,6 +341,7 @@ VALID = {
     "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
     "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
+    "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
@@ -357,15 +390,4 @@ def _check(obj, table: dict, prefix: str = "") -> None:
             raise ValueError(f"{prefix}{key} must be {valid} (got {value!r})")
 
 
-# An algorithm is any object with this shape; rlcore never imports a specific one (see rlcore/algorithms/).
-#   validate(cfg: Config) -> None                  raise ValueError naming the bad field
-#   needs_reference: bool                          build the frozen reference model?
-#   needs_critic: bool (optional, default False)   build the critic (cfg.critic) and call value_loss
-#   advantages(batch, reduce) -> (Tensor [B, T], metrics)   reduce(t) sums a tensor over ranks
-#   loss(batch, logprobs, norm) -> (loss, metrics)          see rlcore.objectives.PolicyLoss
-#   value_loss(batch, values, norm) -> (loss, metrics)      only with needs_critic
-#   dynamic_sampling: int (optional, default 0)    extra draw rounds to replace groups with all-equal rewards
-#   advantages_use_old_logprobs: bool (optional, default False)   advantages read batch.old_logprobs, so an
-#                                                  on-policy step still computes them in a separate pass
-Algorithm = Any
 RewardFn = Callable[..., list[float]]

@@ -22,8 +22,6 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-
 from rlcore import checkpoint, export
 from rlcore.collectives import Preempted, RunError
 from rlcore.rollout.collect import evaluate
@@ -47,19 +45,24 @@ class Loop:
         evaluate the starting policy (ranks with an engine). Returns the step to continue after."""
         run = self.run
         if run.resume_from is not None:
-            loaded, notes = checkpoint.load(run.resume_from, trained, run.prompts, run.group)
+            loaded, notes = checkpoint.load(run.resume_from, trained, *self._stream())
             for line in notes:
                 run.logger.print(line)
             self.state |= loaded  # a checkpoint older than a counter keeps its default
             self.summary = {k: v for k, v in self.state.items() if k.startswith("eval/")}
             return self.state["step"]
-        if run.eval_rows and run.dims.generates(dist.get_rank()):
+        if run.rollout is not None and run.rollout.eval_rows:
             t = time.perf_counter()
             self.summary["eval/accuracy_start"] = self.state["eval/accuracy_start"] = evaluate(run)["eval/accuracy"]
             self.report.extra |= {"time/eval_s": time.perf_counter() - t,
                                   "eval/accuracy_start": self.summary["eval/accuracy_start"]}
             run.logger.log(0, {"eval/accuracy": self.summary["eval/accuracy_start"]})
         return 0
+
+    def _stream(self) -> tuple:
+        """(this rank's prompt stream, its rollout group): (None, 0) on a trainer rank of a split mesh."""
+        r = self.run.rollout
+        return (r.prompts, r.group) if r is not None else (None, 0)
 
     # ---- each step --------------------------------------------------------------------------------------
 
@@ -80,7 +83,7 @@ class Loop:
     def evaluate(self, step: int, metrics: dict) -> None:
         """Held-out eval every train.eval_every steps and at the last (ranks with an engine)."""
         t = self.cfg.train
-        if self.run.eval_rows and (step % t.eval_every == 0 or step == t.steps):
+        if self.run.rollout.eval_rows and (step % t.eval_every == 0 or step == t.steps):
             t0 = time.perf_counter()
             metrics |= evaluate(self.run)
             metrics["time/eval_s"] = time.perf_counter() - t0
@@ -112,7 +115,7 @@ class Loop:
         run, t0 = self.run, time.perf_counter()
         root = run.run_dir / "checkpoints"
         try:
-            path = checkpoint.save(root, step, trained, run.prompts, self.state, run.meta,
+            path = checkpoint.save(root, step, trained, self._stream()[0], self.state, run.meta,
                                    self.cfg.train.keep_checkpoints, run.tokenizer, extra=extra, writer=writer)
         except checkpoint.SaveError as e:
             raise self._failed(e) from None
@@ -124,8 +127,8 @@ class Loop:
         """Collective over the trainer ranks: the policy as a Hugging Face folder, hf/step_<step>."""
         run = self.run
         try:
-            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.policy, self.cfg.model.path, run.tokenizer,
-                             merged=self.cfg.lora.export_merged, group=group, writer=writer)
+            export.export_hf(run.run_dir / "hf" / f"step_{step}", run.trainer.policy, self.cfg.model.path,
+                             run.tokenizer, merged=self.cfg.lora.export_merged, group=group, writer=writer)
         except checkpoint.SaveError as e:
             raise self._failed(e) from None
 

@@ -17,7 +17,7 @@ what it was (`model.layers.0.self_attn.q_proj.weight`): FSDP2 units, checkpoint-
 
 The PEFT folder (`write_peft` / `read_peft`) is what the engine loads in `lora.sync=adapter` mode and what
 the export writes: adapter_config.json + adapter_model.safetensors with keys
-`base_model.model.<module path>.lora_A.weight`. See /work/shared/notes/lora.md for sources.
+`base_model.model.<module path>.lora_A.weight` (the layout peft writes and vLLM 0.32 loads).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from rlcore.config import LoraConfig, OptimConfig
+from rlcore.config import LoraConfig, OptimConfig, models_of
 
 # The engine's max_lora_rank must be one of these (vllm/config/lora.py, MaxLoRARanks, vLLM 0.32); an
 # adapter of any rank up to it is served (vLLM pads it), so rlcore rounds lora.rank up to the next one.
@@ -135,11 +135,6 @@ def adapters_off(model: torch.nn.Module):
             m.adapter_on = True
 
 
-def uses_adapters_off(cfg) -> bool:
-    """The reference logprobs come from the LoRA policy with its adapters switched off (no copy is built)."""
-    return bool(cfg.algorithm.needs_reference and cfg.lora.enabled)
-
-
 def optim_config(lora: LoraConfig, optim: OptimConfig) -> OptimConfig:
     """The policy's AdamW settings with LoRA on: the same, at lora.lr_scale x optim.lr."""
     return replace(optim, lr=optim.lr * lora.lr_scale) if lora.enabled else optim
@@ -161,7 +156,7 @@ def check(cfg, hf_config, cuda: bool) -> None:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
         raise ValueError(f"lora.enabled=true needs an unquantized base: model.path '{cfg.model.path}' is quantized "
                          f"({method}); the engine would serve another base than the trainer's (no QLoRA)")
-    if getattr(cfg.algorithm, "needs_critic", False):
+    if models_of(cfg).critic:
         raise ValueError(f"lora.enabled=true with a critic (critic.path='{cfg.critic.path}'): a critic cannot share "
                          f"the policy's adapters; set lora.enabled=false or use a critic-free algorithm (GRPO)")
     experts = getattr(hf_config, "num_experts", 0) or getattr(hf_config, "num_local_experts", 0)

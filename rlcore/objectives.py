@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 
+from rlcore.algorithms.base import Algorithm
 from rlcore.batch import Batch, Normaliser
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -216,9 +217,10 @@ def aggregate(
 
 
 @dataclass
-class PolicyLoss:
+class PolicyLoss(Algorithm):
     """The clipped policy-gradient loss, with every knob the algorithms share. GRPO, PPO and REINFORCE++
-    subclass it and add how they compute advantages; their `loss` is this one.
+    subclass it and add how they compute advantages; their `loss` is this one (the rest of the contract:
+    rlcore.algorithms.base.Algorithm).
 
         per token:  TIS weight * clipped_surrogate(ratio, A)  +  kl_coef * KL_est(pi_theta || pi_ref)
         reduced:    aggregate(per token, loss_agg)
@@ -264,6 +266,10 @@ class PolicyLoss:
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
 
+    @property
+    def corrects_off_policy(self) -> bool:
+        return self.tis_cap > 0
+
     def loss(self, batch: Batch, logprobs: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, dict]:
         """This micro-batch's loss contribution and metrics; `logprobs` [B, T] carry the gradient, every other
         tensor comes from `batch` (old_logprobs, advantages, loss_mask, ref_logprobs, rollout_logprobs)."""
@@ -291,3 +297,38 @@ class PolicyLoss:
             metrics["policy/ref_kl"] = masked_sum(kl_estimate(logprobs, batch.ref_logprobs, "k3").detach(),
                                                   mask) / tokens
         return aggregate(per_token, mask, self.loss_agg, norm, max_len), metrics
+
+
+@dataclass
+class KLRewardPenalty(PolicyLoss):
+    """PolicyLoss plus a per-token KL(pi_old || pi_ref) penalty subtracted from the reward before the return
+    is computed (RLHF PPO, REINFORCE++). Subclasses call `penalised_rewards` in their `advantages`."""
+
+    kl_penalty: float = 0.0  # per-token KL(pi_old || pi_ref) penalty in the reward; 0 = none (REINFORCE++ paper: 0.01)
+    kl_penalty_estimator: str = "k1"  # estimator for the reward penalty: k1 | k2 | k3
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if self.kl_penalty < 0:
+            raise ValueError(f"algorithm.kl_penalty must be >= 0 (got {self.kl_penalty})")
+        if self.kl_penalty_estimator not in KL_ESTIMATORS:
+            raise ValueError(f"algorithm.kl_penalty_estimator must be one of {', '.join(KL_ESTIMATORS)} "
+                             f"(got {self.kl_penalty_estimator!r})")
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0 or self.kl_penalty > 0
+
+    @property
+    def advantages_use_old_logprobs(self) -> bool:
+        return self.kl_penalty > 0  # the penalty reads pi_old's logprobs
+
+    def penalised_rewards(self, batch: Batch, rewards: torch.Tensor, reduce: Reduce = no_reduce
+                          ) -> tuple[torch.Tensor, dict]:
+        """Per-token rewards [B, T] (token_rewards: each sequence's reward [B] on its last token, minus
+        kl_penalty * KL estimate on every token) and the metric reward/kl_penalty (its global token mean)."""
+        if not self.kl_penalty:
+            return token_rewards(rewards, batch.loss_mask), {}
+        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.kl_penalty_estimator)  # [B, T]
+        metrics = {"reward/kl_penalty": self.kl_penalty * global_token_mean(kl, batch.loss_mask, reduce)}
+        return token_rewards(rewards, batch.loss_mask, kl, self.kl_penalty), metrics

@@ -11,7 +11,7 @@ rows:
    sequence and no attention mask. transformers then keeps each sequence's attention inside itself (sdpa /
    eager build a block-diagonal mask from the position_ids, flash-attention runs varlen), provided the
    model is called with use_cache=False: with a cache, sdpa and eager silently drop the packing mask.
-   The update (rlcore.logprobs.per_token) packs with split=True under sdpa / eager: the micro-batch's sequences
+   The update (rlcore.forward.per_token) packs with split=True under sdpa / eager: the micro-batch's sequences
    go into several rows as wide as its longest sequence instead, so attention costs ~N x longest, not N^2
    (those kernels compute every block of the block-diagonal mask).
 3. `Packed.unpack` puts every per-token output of the packed row (logprobs, entropy, values; position p

@@ -61,7 +61,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from rlcore.config import Config, validate
+from rlcore.config import Config, models_of, validate
 from rlcore.parallel import ParallelDims
 from rlcore.shapes import Shapes, read_config
 
@@ -210,10 +210,11 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     lo = cfg.lora
     adapters = actor.adapter_params(lo.rank, lo.targets) if lo.enabled else 0
     models = [Model("actor", m.path, actor, trained=True, adapters=adapters)]
-    if getattr(cfg.algorithm, "needs_critic", False):
+    held = models_of(cfg)
+    if held.critic:
         path = m.path if cfg.critic.path == "policy" else cfg.critic.path
         models.append(Model("critic", path, Shapes.from_config(read_config(path, "critic.path")), trained=True))
-    if cfg.algorithm.needs_reference and not lo.enabled:  # LoRA: the actor with adapters off is the reference
+    if held.reference == "copy":  # LoRA: the actor with adapters off is the reference
         models.append(Model("reference", m.path, actor, trained=False, offloaded=offload))
     models += [Model("reward", s.model, Shapes.from_config(read_config(s.model, f"rewards[{i}].model")),
                      trained=False, offloaded=offload) for i, s in enumerate(cfg.rewards) if s.model]
@@ -247,10 +248,10 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
 
     kv_per_token = actor.kv_bytes_per_token(r.tensor_parallel, b_c)
     weights = b_c * actor.params() / r.tensor_parallel
-    if lo.enabled and lo.sync == "adapter":  # vLLM allocates one LoRA slot at max_lora_rank up front
+    if held.engine_lora:  # vLLM allocates one LoRA slot at max_lora_rank up front
         from rlcore.lora import engine_max_rank
         weights += b_c * actor.adapter_params(engine_max_rank(lo.rank), lo.targets) / r.tensor_parallel
-    sync = b_c * (adapters if lo.enabled and lo.sync == "adapter" else actor.params())
+    sync = b_c * (adapters if held.engine_lora else actor.params())
     if cuda:
         budget = r.gpu_memory_utilization * memory
         kv = budget - weights - ENGINE_OVERHEAD_GB * GB

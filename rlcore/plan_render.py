@@ -3,6 +3,8 @@ rlcore/plan.py's: its Plan.render() calls `render` here, which reads the Plan an
 them (that would be an import circle)."""
 from __future__ import annotations
 
+from rlcore.config import models_of
+
 GB = 2**30
 
 
@@ -23,7 +25,7 @@ def render(plan) -> str:
     else:
         lines.append(f"mesh: world {w}; FSDP over ranks 0-{w - 1}; {engines} rollout group(s) x tp={k}: {groups}")
     for role in ("actor", "critic", "reference"):
-        if role == "reference" and cfg.lora.enabled and cfg.algorithm.needs_reference:
+        if role == "reference" and models_of(cfg).reference == "adapters_off":
             lines.append(f"  {role:<9} the actor with its adapters off (LoRA): no copy")
         elif role not in {m.role for m in plan.models if m.role != "reward"}:
             lines.append(f"  {role:<9} none")
@@ -42,7 +44,7 @@ def render(plan) -> str:
         lines += bar_lines(plan, bar)
     what = (f"LoRA adapters only (lora.sync=adapter; {plan.models[0].adapters:,} of "
             f"{plan.models[0].params:,} params)"
-            if cfg.lora.enabled and cfg.lora.sync == "adapter" else
+            if models_of(cfg).engine_lora else
             "full weights, adapters merged (lora.sync=merged)" if cfg.lora.enabled else "full weights")
     where = (f"from rank {R} to the engines on {span(plan, 0, R)}, one FSDP2 unit at a time" if plan.split else
              "per engine rank before its TP cut")

@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 from rlcore import checkpoint, lora, models, plan, rewards
-from rlcore.config import Config, validate
+from rlcore.collectives import first_error
+from rlcore.config import Config, models_of, validate
 from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.errors import describe
 from rlcore.parallel import ParallelDims
-from rlcore.rollout.collect import make_envs
+from rlcore.rollout.envs import make_envs
 from rlcore.rollout.engine import check_architecture
 from rlcore.rollout.tools import declared_tools
 
@@ -42,9 +43,7 @@ def on_every_rank(check, *args):
         result = check(*args)
     except ValueError as e:
         error, cause = str(e), e
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    first = next((e for e in errors if e), None)
+    first = first_error(error)
     if first:
         raise InputError(first) from cause
     return result
@@ -114,7 +113,7 @@ def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
         if spec.model:
             models.check_reward_model(spec.model, f"rewards[{i}].model")
             weights[f"rewards[{i}].model"] = spec.model
-    if getattr(cfg.algorithm, "needs_critic", False) and cfg.critic.path != "policy":
+    if models_of(cfg).critic and cfg.critic.path != "policy":
         if not models.is_value_model(cfg.critic.path):
             models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
         weights["critic.path"] = cfg.critic.path

@@ -199,12 +199,12 @@ def score_rollouts(run: Run, rows: list[dict], completions: list[str], extra: di
     columns |= extra or {}
     error, total, parts = None, torch.zeros(len(rows)), {}
     try:
-        if run.reward_fns:
-            total, parts = score(run.reward_fns, prompts, completions, columns)
+        if run.rollout.reward_fns:
+            total, parts = score(run.rollout.reward_fns, prompts, completions, columns)
     except RewardError as e:
         error = str(e)
     agree(error)
-    for i, (rm, weight) in enumerate(run.reward_models):
+    for i, (rm, weight) in enumerate(run.rollout.reward_models):
         parts[f"model{i}"] = reward_model_scores(run, rm, prompts, completions)
         total = total + weight * parts[f"model{i}"]
     return total, parts

@@ -45,7 +45,7 @@ from rlcore.collectives import RunError, all_max, all_sum, set_scope
 from rlcore.metrics import peak_memory_gb, reset_peak_memory
 from rlcore.parallel import device_type
 from rlcore.rollout.collect import collect, pad_id
-from rlcore.transfer import Link, exchange, first_error, receive_weights, send_weights
+from rlcore.transfer import Link, error_in, exchange, receive_weights, send_weights
 
 if TYPE_CHECKING:
     from rlcore.loop import Loop
@@ -62,7 +62,7 @@ def probe_logprobs(run: Run, probe: list[list[int]]) -> list[list[float]]:
     ids = torch.tensor([s + [pad_id(run.tokenizer)] * (L - len(s)) for s in probe], device=device_type())
     mask = torch.tensor([[1] * len(s) + [0] * (L - len(s)) for s in probe], device=device_type())
     with torch.no_grad():
-        lp = models.token_logprobs(run.policy, ids, mask, 1.0, False, run.cfg.train.logprob_chunk_tokens)
+        lp = models.token_logprobs(run.trainer.policy, ids, mask, 1.0, False, run.cfg.train.logprob_chunk_tokens)
     return [lp[i, :len(s) - 1].float().cpu().tolist() for i, s in enumerate(probe)]
 
 
@@ -107,8 +107,8 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         messages = exchange(link, {"batch": share, "error": error, "stop": loop.stop.received, "probe": probe,
                                    "loop": loop.state if dist.get_rank() == 0 else None})
         probe = messages[0]["probe"]
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         loop.state = trainers_state(run, messages)
         stopping = any(m["stop"] for m in messages)
         if t > 0 and (stopping or loop.save_due(t)):
@@ -186,8 +186,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         path = None
         messages = exchange(link, {"batch": None, "error": None, "stop": loop.stop.received, "probe": None,
                                    "loop": loop.state if leader else None})
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         probe = messages[0]["probe"]
         loop.state = trainers_state(run, messages)
         batch = my_slice(run, messages) if t < steps else None
@@ -221,7 +221,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             raise RunError(error)
         batch = take(t)
         if loop.export_due(t):
-            loop.export(t, group=run.train_group, writer=run.dims.rollout_ranks)
+            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
 
 
 def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
@@ -237,7 +237,7 @@ def train_step(run: Run, batch: Batch, t: int, k: int) -> dict[str, float]:
     t0 = time.perf_counter()
     # Off-policy (k >= 1) the engine's logprobs are an older policy's: no per-step equality to check; the
     # probe after each transfer is the drift alarm.
-    check, advantage_metrics = logprobs.prepare(run, batch, t, None if k == 0 else float("inf"))
+    check, advantage_metrics = logprobs.prepare(run, batch, t, on_policy=k == 0)
     t_logprobs = time.perf_counter() - t0
     t0 = time.perf_counter()
     metrics = advantage_metrics | update.update(run, batch, before_step=check)
@@ -259,6 +259,6 @@ def train(run: Run, loop: Loop) -> dict[str, float]:
     if run.dims.generates(dist.get_rank()):
         set_scope(link.rollout)
         return generate_side(run, link, loop)
-    set_scope(run.train_group)
+    set_scope(run.trainer.group)
     train_side(run, link, loop)
     return {}

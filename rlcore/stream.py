@@ -52,7 +52,7 @@ from rlcore.collectives import RunError, all_max, all_sum, set_scope
 from rlcore.rollout.collect import pad_id, rollout_seed, score
 from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.split import PROBE_ROWS, my_slice, own_state, probe_logprobs, train_step, trainers_state
-from rlcore.transfer import Link, exchange, first_error, receive_weights, send_weights
+from rlcore.transfer import Link, exchange, error_in, receive_weights, send_weights
 
 if TYPE_CHECKING:
     from rlcore.loop import Loop
@@ -98,7 +98,7 @@ class Engine:
         return self.run.engine.version < v and (self.loop.save_due(v) or self.evals(v))
 
     def evals(self, v: int) -> bool:
-        return bool(self.run.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
+        return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
 
     def load_due(self) -> bool:
         if self.stop.received or not self.live:
@@ -129,7 +129,7 @@ class Engine:
             if b - 1 - self.k > self.run.engine.version:
                 return
             if g not in self.rows:  # the whole batch's rows, drawn from the prompt stream in order
-                self.rows |= {self.P * (b - 1) + i: row for i, row in enumerate(self.run.prompts.next_batch())}
+                self.rows |= {self.P * (b - 1) + i: row for i, row in enumerate(self.run.rollout.prompts.next_batch())}
             if self.todo:
                 self.todo.remove(g)
             self.next_group = max(self.next_group, g + 1)
@@ -167,8 +167,8 @@ class Engine:
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
         messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
                                         "probe": self.probe, "loop": self.loop.state})
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         self.loop.state = trainers_state(self.run, messages)
         if share is not None:
             self.handed = b
@@ -200,8 +200,8 @@ class Engine:
             self.loop.evaluate(v, metrics)
         self.loop.record(v, metrics)
         messages = exchange(self.link, {"error": error, "stop": self.stop.received, "loop": self.loop.state})
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         self.loop.state = trainers_state(run, messages)
         if any(m["stop"] for m in messages):
             self.stopping(v)
@@ -244,7 +244,7 @@ class Engine:
                 x.done = True
                 trajs.append(x)
                 versions.append(s.versions)
-        batch = to_batch(trajs, pad_id(run.tokenizer), self.G, run.model_budget)
+        batch = to_batch(trajs, pad_id(run.tokenizer), self.G, run.rollout.model_budget)
         t = time.perf_counter()
         batch.rewards, parts = score(run, trajs)
         batch.token_versions = torch.zeros_like(batch.rollout_logprobs, dtype=torch.long)  # [B, T]
@@ -293,8 +293,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     def agree(mine: dict) -> list[dict]:
         messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
                                           "loop": loop.state if leader else None})
-        if first_error(messages):
-            raise RunError(first_error(messages))
+        if error_in(messages):
+            raise RunError(error_in(messages))
         loop.state = trainers_state(run, messages)
         return messages
 
@@ -343,7 +343,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         if t < steps:
             batch = take(t + 1)
         if loop.export_due(t):
-            loop.export(t, group=run.train_group, writer=run.dims.rollout_ranks)
+            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
 
 
 def token_staleness(batch: Batch, t: int) -> dict[str, float]:
@@ -362,6 +362,6 @@ def train(run: Run, loop: Loop) -> dict[str, float]:
     if run.dims.generates(dist.get_rank()):
         set_scope(run.link.rollout)
         return generate_side(run, run.link, loop)
-    set_scope(run.train_group)
+    set_scope(run.trainer.group)
     train_side(run, run.link, loop)
     return {}

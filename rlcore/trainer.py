@@ -13,17 +13,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import (checkpoint, export, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer,
-                    update)
-from rlcore.collectives import Preempted, RunError, all_max, all_sum
-from rlcore.config import Config
+from rlcore import checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer, update
+from rlcore.collectives import Preempted, all_max, all_sum
+from rlcore.config import Config, Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
 from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.rollout.collect import collect, evaluate, model_budget
 from rlcore.loop import Loop
-from rlcore.run import Run
+from rlcore.rollout.collect import collect
+from rlcore.rollout.envs import model_budget
+from rlcore.run import Rollout, Run, Trainer
 from rlcore.summary import Summary
 
 
@@ -52,32 +52,36 @@ def setup(cfg: Config) -> Run:
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None, dormant=not generates)
+    held = models_of(cfg)
+    rollout = Rollout(group, tp_rank, rollout_mesh.get_group("tp"), prompts, eval_rows, reward_fns, [], envs,
+                      model_budget(cfg, envs)) if generates else None
+    common = dict(cfg=cfg, dims=dims, models=held, tokenizer=tokenizer, engine=engine, run_dir=run_dir, meta=meta,
+                  plan=launch_plan, resume_from=resume_from, link=link)
     if not trains:  # a rollout rank of a split mesh holds no model
         logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
                            every=cfg.train.log_every)
-        for line in layout(cfg, dims, cfg.algorithm.needs_reference and not cfg.lora.enabled, needs_critic(cfg), 0) \
-                + resume_notes:
+        for line in layout(cfg, dims, held, 0) + resume_notes:
             logger.print(line)
-        return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows,
-                   reward_fns, [], envs, model_budget(cfg, envs), engine, None, None, None, None, None, None, None,
-                   logger, run_dir, meta=meta, plan=launch_plan, resume_from=resume_from, link=link)
+        return Run(**common, logger=logger, rollout=rollout, trainer=None)
     # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
     policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, cfg.seed), fsdp_mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
                                                   total_optimizer_steps(cfg))
-    reference = critic = critic_optimizer = critic_scheduler = None
+    trainer = Trainer(policy, optimizer, scheduler, group=fsdp_mesh.get_group() if dims.split else None)
     # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
-    if cfg.algorithm.needs_reference and not cfg.lora.enabled:
-        reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
-                                 frozen=True)
-    if needs_critic(cfg):
-        critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
-        critic_optimizer, critic_scheduler = models.build_optimizer(critic, cfg.critic.optim,
-                                                                    total_optimizer_steps(cfg))
+    if held.reference == "copy":
+        trainer.reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
+                                         frozen=True)
+    if held.critic:
+        trainer.critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
+        trainer.critic_optimizer, trainer.critic_scheduler = models.build_optimizer(
+            trainer.critic, cfg.critic.optim, total_optimizer_steps(cfg))
     reward_models = [(rewards.RewardModel(spec.model, models.shard(models.load_reward_model(spec.model, cfg.model),
                                                            fsdp_mesh, cfg.model, frozen=True),
                                   load_tokenizer(spec.model)), spec.weight)
                      for spec in cfg.rewards if spec.model]
+    if rollout is not None:  # colocated: the reward stage scores with models sharded over every rank
+        rollout.reward_models = reward_models
     wandb = None
     if cfg.logging.wandb:
         from rlcore.cli import config_to_dict
@@ -85,15 +89,16 @@ def setup(cfg: Config) -> Run:
                  "id": f"{cfg.name}-{meta['fingerprint']}"}  # a resumed run continues the same wandb run
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
                        wandb=wandb, every=cfg.train.log_every)
-    for line in layout(cfg, dims, reference is not None, critic is not None, len(reward_models)):
+    for line in layout(cfg, dims, held, len(reward_models)):
         logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
-    adapters = f", LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g}, {cfg.lora.sync} sync" if cfg.lora.enabled else ""
+    adapters = f", LoRA r={cfg.lora.rank} alpha={cfg.lora.alpha:g}, {cfg.lora.sync} sync" if held.lora else ""
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
-                    if critic else "none")
-                 + " | reference " + (f"{cfg.model.path} (frozen{offload})" if reference else
-                                      "the actor with adapters off (no copy)" if lora.uses_adapters_off(cfg) else "none")
+                    if held.critic else "none")
+                 + " | reference " + {"copy": f"{cfg.model.path} (frozen{offload})",
+                                      "adapters_off": "the actor with adapters off (no copy)",
+                                      "none": "none"}[held.reference]
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]
                                             + [f"model {m.path} (frozen{offload}) x{w:g}" for m, w in reward_models]
                                             + ([f"env x{cfg.rollout.env_weight:g}"] if envs.factory else [])))
@@ -104,18 +109,14 @@ def setup(cfg: Config) -> Run:
                      f"tokens, {cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens} tokens after the prompt")
     for line in resume_notes:
         logger.print(line)
-    return Run(cfg, dims, group, tp_rank, rollout_mesh.get_group("tp"), tokenizer, prompts, eval_rows, reward_fns,
-               reward_models, envs, model_budget(cfg, envs), engine,
-               policy, reference, critic, optimizer, scheduler, critic_optimizer, critic_scheduler, logger, run_dir,
-               meta=meta, plan=launch_plan, resume_from=resume_from, link=link,
-               train_group=fsdp_mesh.get_group() if dims.split else None)
+    return Run(**common, logger=logger, rollout=rollout, trainer=trainer)
 
 
-def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, reward_models: int,
-           shown: int = 8) -> list[str]:
+def layout(cfg: Config, dims: ParallelDims, models: Models, reward_models: int, shown: int = 8) -> list[str]:
     """Which ranks hold which models and engines: one line per rank (the first `shown`)."""
     w, k = dims.world_size, dims.tp
-    held = ["actor (trained)"] + (["critic (trained)"] if critic else []) + (["reference"] if reference else [])
+    held = ["actor (trained)"] + (["critic (trained)"] if models.critic else []) \
+        + (["reference"] if models.reference == "copy" else [])
     held += [f"reward model {i}" for i in range(reward_models)]
     if dims.split:  # rlcore/split.py
         r, n = dims.rollout_ranks, dims.trainers
@@ -135,10 +136,6 @@ def layout(cfg: Config, dims: ParallelDims, reference: bool, critic: bool, rewar
     if w > shown:
         lines.append(f"  ranks {shown}-{w - 1} alike: engine = rank // {k}")
     return lines
-
-
-def needs_critic(cfg: Config) -> bool:
-    return bool(getattr(cfg.algorithm, "needs_critic", False))
 
 
 def total_optimizer_steps(cfg: Config) -> int:
@@ -163,7 +160,7 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     t_train = time.perf_counter() - t
 
     # A step with nothing applied left the policy as the engine already holds it: no sync.
-    stats = run.engine.sync_weights(run.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
+    stats = run.engine.sync_weights(run.trainer.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
     n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {
         "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
@@ -190,18 +187,17 @@ def train(cfg: Config) -> dict[str, float]:
     run = setup(cfg)
     stop = checkpoint.StopSignal()
     report, status = Summary(), "finished"
-    report.mesh = layout(cfg, run.dims, cfg.algorithm.needs_reference and not cfg.lora.enabled, needs_critic(cfg),
-                         len(run.reward_models))[0]
+    report.mesh = layout(cfg, run.dims, run.models, len(run.rollout.reward_models) if run.rollout else 0)[0]
     loop = Loop(run, report, stop)
     try:
         # rlcore/stream.py: the split mesh whose engines never drain
         mode = (stream.train if cfg.rollout.stream else split.train) if run.dims.split else colocated
         summary = mode(run, loop)
-        if run.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
+        if run.rollout and run.rollout.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]
-            run.logger.print(f"eval/accuracy on {len(run.eval_rows)} held-out prompts: start {100 * start:.1f}% "
-                             f"-> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
+            run.logger.print(f"eval/accuracy on {len(run.rollout.eval_rows)} held-out prompts: start "
+                             f"{100 * start:.1f}% -> end {100 * end:.1f}% ({100 * (end - start):+.1f} points)")
     except BaseException as e:
         status = f"{'preempted' if isinstance(e, Preempted) else 'stopped'}: {type(e).__name__}: {e}"
         raise
@@ -219,7 +215,7 @@ def colocated(run: Run, loop: Loop) -> dict[str, float]:
     steps = run.cfg.train.steps
     start = loop.begin(run.trained_models())
     if start:  # the engine started from model.path: it samples with the checkpointed weights from step one
-        run.engine.sync_weights(run.policy)
+        run.engine.sync_weights(run.trainer.policy)
     for step in range(start + 1, steps + 1):
         metrics = train_step(run, step) | loop.plan_metrics()
         loop.count(step, metrics)

@@ -46,7 +46,7 @@ def send_weights(run: Run, link: Link, header: dict) -> tuple[float, int]:
     if header.get("error"):
         return 0.0, 0
     sent = 0
-    for unit in checkpoint_units(run.policy, dtype=run.engine.dtype):
+    for unit in checkpoint_units(run.trainer.policy, dtype=run.engine.dtype):
         if leader:
             meta = [(name, tuple(t.shape), t.dtype) for name, t in unit.items()]
             dist.broadcast_object_list([meta], src=link.leader, group=link.headers)
@@ -106,7 +106,7 @@ def exchange(link: Link, mine: dict) -> list[dict]:
     return out
 
 
-def first_error(messages: list[dict]) -> str | None:
+def error_in(messages: list[dict]) -> str | None:
     return next((m["error"] for m in messages if m and m.get("error")), None)
 
 

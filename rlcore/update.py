@@ -1,5 +1,5 @@
 """The update stage: the optimizer steps over a rollout batch (epochs x mini-batches x micro-batches, with
-the non-finite guard). Its forward runs through the logprobs stage's micro-batching and packing."""
+the non-finite guard). Its forward runs through rlcore/forward.py's micro-batching and packing."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ import torch
 from rlcore import models
 from rlcore.batch import Batch, Normaliser
 from rlcore.collectives import all_sum
-from rlcore.logprobs import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
+from rlcore.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
 from rlcore.objectives import local_normaliser
 from rlcore.parallel import device_type
 
@@ -25,7 +25,7 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
     batch.old_logprobs None (only with takes_old_logprobs): they are the update's own logprobs, detached,
     written into the batch. `before_step` runs before each optimizer step (e.g. to check those logprobs
     before the step changes any weight)."""
-    cfg, dev = run.cfg, device_type()
+    cfg, tr, dev = run.cfg, run.trainer, device_type()
     fill = batch.old_logprobs is None
     if fill:
         if not takes_old_logprobs(cfg):
@@ -46,7 +46,7 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
             loss_sum = 0.0
             for index in micro_batches(run, mini):
                 micro = mini.select(index).to(dev) if index is not None else None
-                logprobs, entropy = per_token(run, micro, logprobs_forward(run, run.policy, with_entropy=True))
+                logprobs, entropy = per_token(run, micro, logprobs_forward(run, tr.policy, with_entropy=True))
                 if micro is None:  # a dummy: the same passes as a real micro-batch, a loss of 0
                     loss, metrics = logprobs.sum() * 0, {}
                 else:
@@ -57,7 +57,7 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
                     metrics["policy/entropy"] = (entropy.detach() * micro.loss_mask).sum() / max(norm.tokens, 1.0)
                 loss.backward()
                 loss_sum += loss.item()
-                if run.critic is not None:
+                if tr.critic is not None:
                     values = per_token(run, micro, values_forward(run))
                     value_loss, value_metrics = (values.sum() * 0, {}) if micro is None else \
                         cfg.algorithm.value_loss(micro, values, norm)
@@ -68,19 +68,19 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
                     sums[k] = sums.get(k, 0.0) + float(v)
             if before_step is not None:
                 before_step()
-            grad_norms.append(models.clip_grad_norm(run.policy, cfg.optim.max_grad_norm))
-            if run.critic is not None:
-                value_grad_norms.append(models.clip_grad_norm(run.critic, cfg.critic.optim.max_grad_norm))
+            grad_norms.append(models.clip_grad_norm(tr.policy, cfg.optim.max_grad_norm))
+            if tr.critic is not None:
+                value_grad_norms.append(models.clip_grad_norm(tr.critic, cfg.critic.optim.max_grad_norm))
             # Non-finite guard: a NaN/inf loss (policy + critic) or gradient is never applied, and the rest
             # of the update is dropped (earlier optimizer steps of it stay applied). All numbers are global.
             if not step_is_finite(*all_sum(loss_sum), grad_norms[-1], *value_grad_norms[-1:]):
-                for opt in (run.optimizer, run.critic_optimizer):
+                for opt in (tr.optimizer, tr.critic_optimizer):
                     if opt is not None:
                         opt.zero_grad(set_to_none=True)
                 skipped = True
                 break
             applied += 1
-            for opt, sched in ((run.optimizer, run.scheduler), (run.critic_optimizer, run.critic_scheduler)):
+            for opt, sched in ((tr.optimizer, tr.scheduler), (tr.critic_optimizer, tr.critic_scheduler)):
                 if opt is not None:
                     opt.step()
                     sched.step()
@@ -90,7 +90,7 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
     n_steps = len(grad_norms)
     out = {k: v / n_steps for k, v in zip(keys, totals)}
     out["policy/grad_norm"] = sum(grad_norms) / n_steps
-    out["optim/lr"] = run.scheduler.get_last_lr()[0]
+    out["optim/lr"] = tr.scheduler.get_last_lr()[0]
     if value_grad_norms:
         out["value/grad_norm"] = sum(value_grad_norms) / n_steps
     out["optim/steps_applied"] = applied

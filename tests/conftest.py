@@ -11,6 +11,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
+# Set in this process by importing rlcore.rollout.engine (its default level when no entry point chose one); a
+# launched run gets the user's environment, so launch/train.py picks the libraries' levels (rlcore/library_logs.py).
+IMPORT_SET = {"VLLM_LOGGING_LEVEL"} - set(os.environ)
 
 
 def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
@@ -18,7 +21,8 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
     """Run `torchrun --standalone --nproc-per-node nproc script args` and capture its output."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            str(script), *map(str, args)]
-    full_env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | (env or {})
+    inherited = {k: v for k, v in os.environ.items() if k not in IMPORT_SET}
+    full_env = inherited | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | (env or {})
     return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 

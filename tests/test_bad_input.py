@@ -1,7 +1,7 @@
 """Bad input, class by class, through the real entry point (launch/train.py): every case ends in exit 2 and
 one `rlcore: error:` line naming the key or file, before any engine starts, with no run directory written.
 
-Classes (the README's "Bad input" table): (a) user files missing, empty, truncated, corrupted or of the
+Classes (the "Bad input" table of docs/bad_input.md): (a) user files missing, empty, truncated, corrupted or of the
 wrong kind; (b) numeric fields out of range, zero, negative or NaN, and named choices that do not exist;
 (c) output locations that cannot be created, and run names that would leave output_dir; (d) the user's own
 code raising (recipe, prepare, reward and environment files), and tools declared wrongly or that the model's chat
@@ -117,11 +117,18 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("model.attn_implementation=flash", "model.attn_implementation must be one of sdpa, eager, flash_attention_2"),
     ("resume=step_7", "resume"),
     ("rollout.env_workers=0", "rollout.env_workers must be >= 1 (got 0)"),
+    ("rollout.max_tool_calls=0", "rollout.max_tool_calls must be a whole number >= 1 (got 0)"),
+    ("rollout.max_tool_calls=-3", "rollout.max_tool_calls must be a whole number >= 1 (got -3)"),
+    ("rollout.turn_deadline_s=0", "rollout.turn_deadline_s must be a finite number of seconds > 0 (got 0.0)"),
+    ("rollout.turn_deadline_s=-1", "rollout.turn_deadline_s must be a finite number of seconds > 0 (got -1.0)"),
+    ("rollout.turn_deadline_s=inf", "rollout.turn_deadline_s must be a finite number of seconds > 0 (got inf)"),
+    ("rollout.turn_deadline_s=nan", "rollout.turn_deadline_s must be a finite number of seconds > 0 (got nan)"),
     ("sandbox.workers=0", "sandbox.workers must be a whole number >= 1 (got 0)"),
     ("sandbox.timeout_s=0", "sandbox.timeout_s must be a finite number of seconds > 0 (got 0.0)"),
     ("sandbox.cpu_s=-5", "sandbox.cpu_s must be a finite number of seconds > 0 (got -5.0)"),
     ("sandbox.memory_mb=-1", "sandbox.memory_mb must be a whole number >= 1 (got -1)"),
     ("sandbox.file_mb=0", "sandbox.file_mb must be a whole number >= 1 (got 0)"),
+    ("sandbox.tmp_mb=0", "sandbox.tmp_mb must be a whole number >= 1 (got 0)"),
     ("sandbox.max_processes=0", "sandbox.max_processes must be a whole number >= 1 (got 0)"),
     ("sandbox.max_output_bytes=-1", "sandbox.max_output_bytes must be a whole number >= 1 (got -1)"),
     ("sandbox.preload=[math,nump]", "sandbox.preload: there is no module named 'nump' to import into the sandbox "
@@ -201,6 +208,40 @@ def test_user_code_raising(entry, tmp_path, case, says):
     debug = entry.train(*args, f"output_dir={tmp_path}/runs", path=[tmp_path], env={"RLCORE_DEBUG": "1"})
     assert debug.returncode == 2 and "Traceback (most recent call last)" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("rlcore: error:")
+
+
+FORK = '''
+from pathlib import Path
+from rlcore.cli import load_recipe
+from rlcore.objectives import PolicyLoss
+
+class Forgot(PolicyLoss):  # a fork that never wrote its advantages
+    pass
+
+class Duck:  # not a subclass: no flags
+    def advantages(self, batch, reduce):
+        return batch.loss_mask, {{}}
+
+    def loss(self, batch, logprobs, norm):
+        return logprobs.sum(), {{}}
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    cfg.algorithm = {algorithm}()
+    return cfg
+'''
+
+
+@pytest.mark.parametrize("algorithm, says", [
+    ("Forgot", "algorithm Forgot does not implement advantages(): see its docstring in "
+               "rlcore.algorithms.base.Algorithm"),
+    ("Duck", "algorithm Duck has no needs_critic: subclass rlcore.algorithms.base.Algorithm, which documents every "
+             "hook and gives each flag its default"),
+])
+def test_forked_algorithm_missing_a_piece(entry, tmp_path, algorithm, says):
+    (tmp_path / "fork.py").write_text(FORK.format(root=ROOT, algorithm=algorithm))
+    proc = entry.train(f"recipe={tmp_path}/fork.py", f"output_dir={tmp_path}/runs")
+    assert rejected(proc, tmp_path / "runs") == f"rlcore: error: {says}"
 
 
 # ------------------------------------------------------------------------- (d) tools (rlcore.rollout.tools)

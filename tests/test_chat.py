@@ -125,10 +125,10 @@ def test_check_tool_role_missing_template_and_dropped_tool():
 
 
 def test_a_multi_turn_run_refuses_a_template_that_is_not_prefix_preserving():
-    """The startup check of the environment settings (rlcore.rollout.collect.make_envs, run before any engine
+    """The startup check of the environment settings (rlcore.rollout.envs.make_envs, run before any engine
     starts) applies the prefix check when the data uses the chat template; a good template passes."""
     from rlcore.config import Config, DataConfig, RolloutConfig
-    from rlcore.rollout.collect import make_envs
+    from rlcore.rollout.envs import make_envs
 
     class Tool:
         max_turns = 2

@@ -1,4 +1,4 @@
-"""The README's environment example is true: its recipe file, copied out of README.md as written, answers
+"""The environment example of docs/agents.md is true: its recipe file, copied out as written, answers
 by hand-checked rules and trains through the real entry point with two-turn rollouts."""
 import importlib.util
 import json
@@ -12,7 +12,7 @@ from rlcore.rollout.env import Step, as_step
 
 
 def write_recipe(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "agents.md").read_text()
     code = re.search(r"<!-- env-recipe.*?-->\n```python\n(.*?)```", readme, re.S).group(1)
     assert len(code.splitlines()) <= 40
     recipes = tmp_path / "recipes"

@@ -1,4 +1,4 @@
-"""The README's "fork a recipe" example is true: its RLOO recipe file, copied out of README.md as written,
+"""The "fork a recipe" example of docs/fork.md is true: its RLOO recipe file, copied out as written,
 computes leave-one-out advantages by hand-computed values and trains through the real entry point."""
 import importlib.util
 import json
@@ -14,7 +14,7 @@ from rlcore.batch import Batch
 
 
 def write_fork(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "fork.md").read_text()
     code = re.search(r"<!-- rloo-recipe.*?-->\n```python\n(.*?)```", readme, re.S).group(1)
     recipes = tmp_path / "recipes"
     recipes.mkdir()

@@ -1,6 +1,7 @@
 """The run log as a person reads it: a progress bar over the step lines on a terminal, and one plain line
 per logged step (no bar, no redraws) when stdout is a file, as under Slurm or `> log`."""
 import fcntl
+import json
 import os
 import pty
 import struct
@@ -64,3 +65,51 @@ def test_a_terminal_gets_the_bar_above_which_the_lines_scroll(tmp_path):
     lines = [line.strip("\r") for line in screen.replace("\r\n", "\n").split("\n")]
     for expected in EXPECTED:
         assert any(line.endswith(expected) or line == expected for line in lines), expected
+
+
+LIBRARY_LOGS = """
+import json, logging, os, sys, warnings
+from rlcore import library_logs
+library_logs.before_imports(sys.argv[1:])
+import datasets.utils  # already loaded when launch/train.py applies the run's choice
+library_logs.apply(json.loads(os.environ.get("KEY", "false")))
+warnings.warn_explicit("old API", FutureWarning, "dispatcher.py", 1, module="vllm.triton_utils.dispatcher")
+warnings.warn_explicit("rlcore's own", FutureWarning, "x.py", 1, module="rlcore.x")
+logging.basicConfig()
+logging.getLogger("vllm.platforms.cpu").warning("libtcmalloc is not found")
+logging.getLogger("vllm.engine").error("a vLLM error")
+logging.getLogger("datasets").warning("a datasets warning")
+logging.getLogger("rlcore.x").warning("rlcore's warning")
+assert datasets.utils.are_progress_bars_disabled() != json.loads(os.environ.get("LOUD", "false"))
+print(json.dumps({k: os.environ[k] for k in ("TORCH_CPP_LOG_LEVEL", "VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY")}))
+"""
+
+
+def library_log_lines(*argv: str, env: dict | None = None) -> tuple[dict, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in
+             ("RLCORE_LIBRARY_LOGS", "TORCH_CPP_LOG_LEVEL", "VLLM_LOGGING_LEVEL", "TRANSFORMERS_VERBOSITY")}
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_LOGS, *argv], capture_output=True, text=True, timeout=120,
+                          env=clean | {"PYTHONPATH": str(ROOT)} | (env or {}))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), proc.stderr
+
+
+def test_other_libraries_keep_their_errors_only_unless_asked():
+    """By default (what launch/train.py does before torch and vLLM load): vLLM's warnings and a library's
+    deprecation notice are hidden; a vLLM error and rlcore's own warnings are not. The config key (on the
+    command line or in the recipe) or RLCORE_LIBRARY_LOGS=1 bring everything back; a level the user set wins."""
+    levels, err = library_log_lines()
+    assert levels == {"TORCH_CPP_LOG_LEVEL": "ERROR", "VLLM_LOGGING_LEVEL": "ERROR", "TRANSFORMERS_VERBOSITY": "error"}
+    assert "a vLLM error" in err and "rlcore's warning" in err and "rlcore's own" in err
+    assert "libtcmalloc" not in err and "old API" not in err and "datasets warning" not in err
+    loud = {"TORCH_CPP_LOG_LEVEL": "WARNING", "VLLM_LOGGING_LEVEL": "WARNING", "TRANSFORMERS_VERBOSITY": "warning"}
+    for argv, env in ((["logging.library_logs=true"], {"KEY": "true"}), ([], {"RLCORE_LIBRARY_LOGS": "1"})):
+        env["LOUD"] = "true"  # datasets' progress bars on
+        levels, err = library_log_lines(*argv, env=env)
+        assert levels == loud
+        assert all(s in err for s in ("libtcmalloc", "old API", "a datasets warning", "a vLLM error")), err
+    # the key set in a recipe: all but torch's C++ level, which torch fixed at import
+    levels, _ = library_log_lines(env={"KEY": "true", "LOUD": "true"})
+    assert levels == loud | {"TORCH_CPP_LOG_LEVEL": "ERROR"}
+    levels, err = library_log_lines(env={"VLLM_LOGGING_LEVEL": "INFO"})
+    assert levels["VLLM_LOGGING_LEVEL"] == "INFO" and "libtcmalloc" in err and "old API" not in err

@@ -111,7 +111,7 @@ def _config(tiny_path, algorithm=None, **lora_fields):
     from rlcore.config import Config
 
     # A stand-in algorithm (tests stay independent of any algorithm file): only needs_critic is read.
-    return Config(model=ModelConfig(path=str(tiny_path)), algorithm=algorithm or SimpleNamespace(needs_critic=False),
+    return Config(model=ModelConfig(path=str(tiny_path)), algorithm=algorithm or SimpleNamespace(needs_critic=False, needs_reference=False),
                   lora=LoraConfig(enabled=True, **lora_fields))
 
 
@@ -143,7 +143,7 @@ def test_bad_lora_input_is_named(tiny_models):
     with pytest.raises(ValueError, match=r"lora.enabled=true needs an unquantized base: .* \(gptq\)"):
         lora.check(_config(path), quantized, cuda=False)
     with pytest.raises(ValueError, match=r"lora.enabled=true with a critic .* cannot share the policy's adapters"):
-        lora.check(_config(path, algorithm=SimpleNamespace(needs_critic=True)), hf, cuda=False)
+        lora.check(_config(path, algorithm=SimpleNamespace(needs_critic=True, needs_reference=False)), hf, cuda=False)
     moe = Qwen3MoeConfig(vocab_size=32, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, num_experts=4,
                          num_experts_per_tok=2, architectures=["Qwen3MoeForCausalLM"])

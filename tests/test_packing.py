@@ -179,7 +179,7 @@ def test_two_ranks_of_different_lengths_pack_like_padded(update_worker):
     tensor's largest entry) and metrics for every aggregation mode.
 
     On-policy (1 mini-batch), padded and packed, the same worker checks the update that computes the old
-    logprobs itself (logprobs.takes_old_logprobs): see test_on_policy_update_takes_its_own_old_logprobs."""
+    logprobs itself (forward.takes_old_logprobs): see test_on_policy_update_takes_its_own_old_logprobs."""
     r = update_worker
     for budget in (16, 40):
         # rank 1 packs fewer micro-batches, so it must run dummies to keep in step

@@ -68,7 +68,7 @@ def test_explained_variance():
     assert explained_variance(torch.zeros(1, 4), torch.ones(1, 4), mask, no_reduce) == 0.0
 
 
-def test_advantages_whitened_and_returns_set():
+def test_advantages_whitened_and_returns():
     """One response of 2 tokens, reward 1, V = [0.5, 0.25], gamma 1, lambda 0.5 -> A = [0.125, 0.75],
     whitened: mean 0.4375, std 0.3125 -> [-1, 1]; returns [0.625, 1]."""
     batch = Batch(input_ids=torch.zeros(1, 4, dtype=torch.long), attention_mask=torch.ones(1, 4, dtype=torch.long),
@@ -77,7 +77,8 @@ def test_advantages_whitened_and_returns_set():
                   values=torch.tensor([[0.0, 0.5, 0.25]]))
     advantages, metrics = PPO(lam=0.5).advantages(batch)
     torch.testing.assert_close(advantages, torch.tensor([[0.0, -1.0, 1.0]]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(batch.returns, torch.tensor([[0.0, 0.625, 1.0]]))
+    torch.testing.assert_close(PPO(lam=0.5).returns(batch), torch.tensor([[0.0, 0.625, 1.0]]))
+    assert batch.returns is None  # returned, not written into the batch
     assert metrics["value/mean"] == pytest.approx(0.375)
     # errors R - V = [0.125, 0.75]: var 0.09766 of var(R) 0.03516 -> 1 - 2.778
     assert metrics["value/explained_variance"] == pytest.approx(1 - 0.0976562 / 0.0351562, abs=1e-4)

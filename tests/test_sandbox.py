@@ -59,6 +59,7 @@ def assert_usable(box: Sandbox) -> None:
     ("cpu_s", -1.0, "sandbox.cpu_s must be a finite number of seconds > 0 (got -1.0)"),
     ("memory_mb", 0, "sandbox.memory_mb must be a whole number >= 1 (got 0)"),
     ("file_mb", 1.5, "sandbox.file_mb must be a whole number >= 1 (got 1.5)"),
+    ("tmp_mb", 0, "sandbox.tmp_mb must be a whole number >= 1 (got 0)"),
     ("max_processes", -3, "sandbox.max_processes must be a whole number >= 1 (got -3)"),
     ("max_output_bytes", 0, "sandbox.max_output_bytes must be a whole number >= 1 (got 0)"),
     ("workers", 0, "sandbox.workers must be a whole number >= 1 (got 0)"),
@@ -92,19 +93,23 @@ def test_cpu_limit_and_imports():
         r = sandbox.run("import fractions, wave; print(fractions.Fraction(1, 3) * 3)")  # preloaded, and not
         if sandbox.status["stdlib_readable"]:
             assert (r.status, r.stdout) == ("ok", "1\n")
-        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (README: "Sandbox")
+        else:  # e.g. a Python under /root (0o700): only the preloaded modules import (docs/sandbox.md)
             assert r.stderr.endswith("ModuleNotFoundError: No module named 'wave'\n")
 
 
 def test_scratch_dir_fresh_and_removed(box):
-    code = ("import os, tempfile\nopen('f', 'w').write('x')\n"
-            "print(os.getcwd() == os.environ['HOME'] == tempfile.gettempdir(), os.listdir('.'), os.getcwd())")
+    code = ("import os, tempfile\nopen('f-' + str(id(os)), 'w').write('x')\n"
+            "print(os.getcwd() == os.environ['HOME'] == tempfile.gettempdir(), len(os.listdir('.')), os.getcwd(),"
+            " os.listdir('.')[0])")
     first, second = box.run(code), box.run(code)
     for r in (first, second):
-        same, listing, cwd = r.stdout.split(" ", 2)
-        assert (same, listing) == ("True", "['f']")  # fresh: the other call's file is not there
-        assert not os.path.exists(cwd.strip())
-    assert first.stdout != second.stdout
+        same, count, cwd, name = r.stdout.split()
+        assert (same, count) == ("True", "1")  # fresh: the other call's file is not there
+        if box.status["mount_namespace"]:  # the call's own tmpfs: nothing of it on the host's /tmp
+            assert cwd == "/tmp" and not os.path.exists(f"/tmp/{name}")
+        else:  # a fresh directory of the host's, removed afterwards
+            assert not os.path.exists(cwd)
+    assert first.stdout != second.stdout or box.status["mount_namespace"]
 
 
 def test_environment_is_empty(box):
@@ -112,9 +117,11 @@ def test_environment_is_empty(box):
     assert r.stdout == ("['HOME', 'LANG', 'MKL_NUM_THREADS', 'OMP_NUM_THREADS', 'OPENBLAS_NUM_THREADS', "
                         "'PATH', 'TMPDIR']\n")
     r = box.run(f"print(open('/proc/{os.getpid()}/environ', 'rb').read().count(b'hunter2'))")
-    if box.status["user_dropped"]:
+    if box.status["proc_hidden"]:  # the trainer is not in the call's PID namespace
+        assert r.stderr.endswith(f"FileNotFoundError: [Errno 2] No such file or directory: '/proc/{os.getpid()}/environ'\n")
+    elif box.status["user_dropped"]:
         assert r.stderr.endswith(f"PermissionError: [Errno 13] Permission denied: '/proc/{os.getpid()}/environ'\n")
-    else:  # same user as the trainer: /proc/<trainer>/environ is readable (README: "Sandbox")
+    else:  # same user as the trainer: /proc/<trainer>/environ is readable (docs/sandbox.md)
         assert r.stdout == "1\n"
 
 
@@ -166,7 +173,7 @@ def test_huge_output_truncated(box):
 
 
 def test_cannot_write_outside_scratch(box):
-    run_dir = tempfile.mkdtemp()  # a trainer run dir: owned by root, 0o755, a 0o644 file in it
+    run_dir = tempfile.mkdtemp(dir=ROOT, prefix="runs-")  # a run dir: owned by root, 0o755, a 0o644 file in it
     os.chmod(run_dir, 0o755)
     target = os.path.join(run_dir, "metrics.jsonl")
     Path(target).write_text("trainer\n")
@@ -206,7 +213,13 @@ def test_killing_the_parent(box):
              f"os.kill({me}, 9)"]
     for kill in kills:
         r = box.run(f"import os\ntry:\n    {kill}\nexcept OSError as e:\n    print(type(e).__name__)")
-        if box.status["user_dropped"]:  # the worker is root, the code is not: it can signal only its own uid
+        if box.status["pid_namespace"]:  # the code's parent is the call's init (pid 1, root); nothing else is there
+            # getpgid(1) is 0 (init's group is outside the namespace), so killpg(0) ends the code's own group;
+            # kill(-1) spares init and the caller, and finds no one else
+            assert (r.status, r.stdout) == {kills[0]: ("ok", "PermissionError\n"), kills[1]: ("killed", ""),
+                                            kills[2]: ("ok", "ProcessLookupError\n"),
+                                            kills[3]: ("ok", "ProcessLookupError\n")}[kill]
+        elif box.status["user_dropped"]:  # the worker is root, the code is not: it can signal only its own uid
             # kill(-1) "succeeds" (Linux reports no EPERM for it) and reaches no one but our own uid: no one
             assert (r.status, r.stdout) == ("ok", "" if kill == "os.kill(-1, 9)" else "PermissionError\n")
         elif kill != f"os.kill({me}, 9)":  # same user: the code can kill its worker (not the trainer: not run)

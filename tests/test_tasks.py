@@ -1,7 +1,7 @@
 """The tiny multi-turn tasks learn through the real entry point (rlcore/tasks/, recipes/guess.py,
-recipes/calculator.py and the README's native-tool recipe, recipes/tooladd.py): greedy held-out success rises by
+recipes/calculator.py and the native-tool recipe of docs/agents.md, recipes/tooladd.py): greedy held-out success rises by
 >= 30 points, with exact logprobs on every turn. The learning runs are slow (real torchrun processes and vLLM
-engines: `make test-fast` leaves them out); the tool task's encoding and the README's copy are checked fast."""
+engines: `make test-fast` leaves them out); the tool task's encoding and the docs' copy are checked fast."""
 import json
 import re
 
@@ -43,17 +43,17 @@ def test_calculator_tool_learns(tmp_path):
     assert rows[-1]["env/turns_mean"] > rows[1]["env/turns_mean"]  # a call adds a turn
 
 
-def readme_tool_recipe() -> str:
-    readme = (ROOT / "README.md").read_text()
+def docs_tool_recipe() -> str:
+    readme = (ROOT / "docs" / "agents.md").read_text()
     return re.search(r"<!-- tool-recipe.*?-->\n```python\n(.*?)```", readme, re.S).group(1)
 
 
-def test_readme_tool_recipe_is_the_task_recipe():
-    """The README's block is recipes/tooladd.py, and its tool shows the model the schema the warm start saw."""
+def test_docs_tool_recipe_is_the_task_recipe():
+    """The block in docs/agents.md is recipes/tooladd.py, and its tool shows the model the schema the warm start saw."""
     import importlib.util
 
     from rlcore.tasks import tooladd
-    assert readme_tool_recipe() == (ROOT / "recipes" / "tooladd.py").read_text()
+    assert docs_tool_recipe() == (ROOT / "recipes" / "tooladd.py").read_text()
     spec = importlib.util.spec_from_file_location("tooladd_recipe", ROOT / "recipes" / "tooladd.py")
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
@@ -87,12 +87,12 @@ def test_tooladd_encoding_is_the_chat_templates():
 
 @pytest.mark.slow
 def test_tooladd_native_tool_learns(tmp_path):
-    """The README's native-tool recipe, copied out as written: the sloppy-carry start that rarely calls add
+    """The native-tool recipe of docs/agents.md, copied out as written: the sloppy-carry start that rarely calls add
     learns to call it. 20 of the recipe's 60 steps (+64 points measured at step 20). tool/calls, summed over
     both ranks' ToolEnv stats, is the per-trajectory mean of reward/tool_calls times 256 at every step."""
     recipe = tmp_path / "recipes" / "tooladd.py"
     recipe.parent.mkdir()
-    recipe.write_text(readme_tool_recipe())
+    recipe.write_text(docs_tool_recipe())
     proc = train_cmd(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=20")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "tooladd")

@@ -197,7 +197,8 @@ def test_run_returns_tool_messages_and_counts():
     assert stats == ToolStats(calls=5, malformed=1, unknown_tool=1, bad_arguments=1, tool_raised=1)
     total = sum([stats, ToolStats(calls=1)], ToolStats())
     assert total.metrics() == {"tool/calls": 6, "tool/malformed": 1, "tool/unknown_tool": 1,
-                               "tool/bad_arguments": 1, "tool/tool_raised": 1}
+                               "tool/bad_arguments": 1, "tool/tool_raised": 1, "tool/too_many_calls": 0,
+                               "tool/deadline": 0}
 
 
 def test_long_results_are_cut():
@@ -295,7 +296,7 @@ def test_startup_renders_the_tools_into_prompts(tmp_path):
 
 def test_startup_refuses_tools_the_model_cannot_see(tmp_path):
     from rlcore.data import load_tokenizer
-    from rlcore.rollout.collect import make_envs
+    from rlcore.rollout.envs import make_envs
     cfg = startup_config(tmp_path)
     cfg.rollout.env = lambda row: Adder(row)
     with pytest.raises(ValueError, match=r"^rollout.env '.*' makes environments with tools but does not declare "
@@ -373,20 +374,23 @@ def test_tool_stats_reach_the_step_metrics(monkeypatch):
     envs[2].step('<tool_call>{"name": "add", "arguments": {"b": 1}}</tool_call>', [])
     mine = tool_stats(envs)
     assert mine == ToolStats(calls=5, malformed=1, unknown_tool=1, bad_arguments=1, tool_raised=1)
-    # the other rank's totals, in all_sum's order: turns, truncated, timeouts, model and env tokens, active per
-    # turn, then the tool/ keys sorted (bad_arguments, calls, malformed, tool_raised, unknown_tool)
-    other = [6, 1, 0, 30, 12, 4, 2, 0, 7, 0, 3, 2]
+    # the other rank's totals, in all_sum's order: turns, truncated, timeouts, model and env tokens, failed
+    # trajectories, active per turn, then the tool/ keys sorted (bad_arguments, calls, deadline, malformed,
+    # too_many_calls, tool_raised, unknown_tool)
+    other = [6, 1, 0, 30, 12, 1, 4, 2, 0, 7, 2, 0, 5, 3, 2]
     monkeypatch.setattr(collect, "all_sum", lambda *values: [a + b for a, b in zip(values, other)])
-    run = SimpleNamespace(envs=SimpleNamespace(max_turns=2), cfg=SimpleNamespace(rollout=SimpleNamespace(
-        schedule="lockstep")))
-    totals = {"turns": 5, "truncated": 0, "timeouts": 1, "model_tokens": 20, "env_tokens": 8, "active": [4, 1],
-              "env_s": 0.5} | mine.metrics("tool/")
+    run = SimpleNamespace(rollout=SimpleNamespace(envs=SimpleNamespace(max_turns=2)),
+                          cfg=SimpleNamespace(rollout=SimpleNamespace(schedule="lockstep")))
+    totals = {"turns": 5, "truncated": 0, "timeouts": 1, "model_tokens": 20, "env_tokens": 8, "failed": 1,
+              "active": [4, 1], "env_s": 0.5} | mine.metrics("tool/")
     out = collect.env_metrics(run, totals, n=8)
     assert {k: v for k, v in out.items() if k.startswith("tool/")} == {
-        "tool/calls": 12, "tool/malformed": 1, "tool/unknown_tool": 3, "tool/bad_arguments": 1, "tool/tool_raised": 4}
+        "tool/calls": 12, "tool/malformed": 1, "tool/unknown_tool": 3, "tool/bad_arguments": 1, "tool/tool_raised": 4,
+        "tool/too_many_calls": 5, "tool/deadline": 2}
     assert out["env/turns_mean"] == 11 / 8 and out["env/active_turn1"] == 8 and out["env/active_turn2"] == 3
-    del totals["tool/calls"], totals["tool/malformed"], totals["tool/unknown_tool"], totals["tool/bad_arguments"]
-    del totals["tool/tool_raised"]
+    assert out["rollout/failed_trajectories"] == 2
+    for key in mine.metrics("tool/"):
+        del totals[key]
     assert not any(k.startswith("tool/") for k in collect.env_metrics(run, totals, n=8))  # no ToolEnv: no keys
 
 

@@ -47,6 +47,10 @@ def test_demo_recipe_learns_and_reports(tmp_path):
     assert config["algorithm"]["_target"] == "rlcore.algorithms.grpo.GRPO"
     assert list((tmp_path / "demo" / "tb").glob("events.out.tfevents.*"))
     assert f"eval/accuracy on 256 held-out prompts: start {100 * start:.1f}%" in proc.stderr + proc.stdout
+    # The first screen is rlcore's (rlcore/library_logs.py): no warning of vLLM's ("(MainProcess pid=..) WARNING")
+    # or torch's C++ ("[rank0]:[W..."), no library's deprecation notice, no checkpoint-loading bar
+    noise = re.findall(r".*(?:\) WARNING |\]:\[W\d|FutureWarning|DeprecationWarning|it/s\]).*", proc.stderr + proc.stdout)
+    assert noise == [], noise[:5]
     report(tmp_path / "demo", rows, proc, steps)
 
 

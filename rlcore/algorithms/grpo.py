@@ -21,7 +21,7 @@ Variants:
 - DAPO (Yu et al. 2025, arXiv:2503.14476): clip_high=0.28 (clip-higher), token-mean, overlong reward shaping
   (a linear penalty over the last `overlong_buffer` tokens of the budget), and dynamic sampling: groups
   whose rewards are all equal (zero advantage) are dropped and more prompts drawn until the batch is full,
-  for at most `dynamic_sampling` extra rounds (the trainer does the drawing; see rlcore.trainer.generate).
+  for at most `dynamic_sampling` extra rounds (the rollout stage draws them: rlcore.rollout.collect.collect).
 """
 from __future__ import annotations
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch, Normaliser
-from rlcore.objectives import (KL_ESTIMATORS, PolicyLoss, Reduce, global_token_mean, kl_estimate, masked_sum,
-                               masked_whiten, no_reduce, token_rewards)
+from rlcore.objectives import KLRewardPenalty, Reduce, masked_sum, masked_whiten, no_reduce
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float):
@@ -75,13 +74,11 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, loss_mask: t
 
 
 @dataclass
-class PPO(PolicyLoss):
-    """PPO's settings (the policy-loss fields come from PolicyLoss). Needs `cfg.critic`."""
+class PPO(KLRewardPenalty):
+    """PPO's settings (the policy-loss and kl_penalty fields come from KLRewardPenalty). Needs `cfg.critic`."""
 
     gamma: float = 1.0  # discount per token
     lam: float = 0.95  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
-    kl_penalty: float = 0.0  # per-token KL(pi_old || pi_ref) penalty in the reward; 0 = none
-    kl_penalty_estimator: str = "k1"  # estimator for the reward penalty: k1 | k2 | k3
     value_clip: float = 0.2  # the new value may move at most this far from the old one in the loss
     whiten_advantages: bool = True  # (A - mean) / std over the global batch
 
@@ -92,38 +89,33 @@ class PPO(PolicyLoss):
         for name in ("gamma", "lam"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"algorithm.{name} must be in [0, 1] (got {getattr(self, name)})")
-        if self.kl_penalty < 0 or self.value_clip < 0:
-            bad = "kl_penalty" if self.kl_penalty < 0 else "value_clip"
-            raise ValueError(f"algorithm.{bad} must be >= 0 (got {getattr(self, bad)})")
-        if self.kl_penalty_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"algorithm.kl_penalty_estimator must be one of {', '.join(KL_ESTIMATORS)} "
-                             f"(got {self.kl_penalty_estimator!r})")
+        if self.value_clip < 0:
+            raise ValueError(f"algorithm.value_clip must be >= 0 (got {self.value_clip})")
         if not cfg.critic.path:
             raise ValueError("PPO needs a critic but critic.path is empty: set critic.path=policy (initialise "
                              "from model.path) or a folder of a transformers model")
 
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_coef > 0 or self.kl_penalty > 0
-
-    @property
-    def advantages_use_old_logprobs(self) -> bool:
-        return self.kl_penalty > 0  # the KL penalty in the reward
+    def gae(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """GAE on KL-penalised token rewards: (advantages [B, T] before whitening, returns [B, T], metrics)."""
+        rewards, metrics = self.penalised_rewards(batch, batch.rewards, reduce)  # [B, T]
+        advantages, returns = gae(rewards, batch.values, batch.loss_mask, self.gamma, self.lam)  # [B, T] x2
+        return advantages, returns, metrics
 
     def advantages(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, dict]:
-        """GAE on KL-penalised token rewards; sets batch.returns (the critic's targets)."""
+        """GAE advantages [B, T], whitened over the global batch unless whiten_advantages=False."""
         mask = batch.loss_mask
-        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.kl_penalty_estimator) if self.kl_penalty else None
-        rewards = token_rewards(batch.rewards, mask, kl, self.kl_penalty)  # [B, T]
-        advantages, batch.returns = gae(rewards, batch.values, mask, self.gamma, self.lam)  # [B, T] x2
+        advantages, returns, metrics = self.gae(batch, reduce)
         n, v_sum = reduce(torch.stack([mask.sum(), masked_sum(batch.values, mask)]).double()).tolist()
-        metrics = {"value/mean": v_sum / max(n, 1.0),
-                   "value/explained_variance": explained_variance(batch.values, batch.returns, mask, reduce)}
-        if kl is not None:
-            metrics["reward/kl_penalty"] = self.kl_penalty * global_token_mean(kl, mask, reduce)
+        metrics |= {"value/mean": v_sum / max(n, 1.0),
+                    "value/explained_variance": explained_variance(batch.values, returns, mask, reduce)}
         if self.whiten_advantages:
             advantages = masked_whiten(advantages, mask, reduce)
         return advantages, metrics
+
+    def returns(self, batch: Batch, reduce: Reduce = no_reduce) -> torch.Tensor:
+        """The critic's targets [B, T]: GAE's advantages plus the old values (the same pass as `advantages`)."""
+        # Its metrics were reported by `advantages`: no reduce, so no second all-reduce.
+        return self.gae(batch, no_reduce)[1]
 
     def value_loss(self, batch: Batch, values: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, dict]:
         """This micro-batch's critic loss contribution; `values` [B, T] carry the critic's gradient."""

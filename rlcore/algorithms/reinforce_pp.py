@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import (KL_ESTIMATORS, PolicyLoss, Reduce, global_token_mean, kl_estimate, masked_whiten,
-                               no_reduce, token_rewards)
+from rlcore.objectives import KLRewardPenalty, Reduce, masked_whiten, no_reduce
 
 
 def returns_to_go(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -42,43 +41,24 @@ def returns_to_go(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) 
 
 
 @dataclass
-class ReinforcePP(PolicyLoss):
-    """REINFORCE++ settings (the policy-loss fields come from PolicyLoss)."""
+class ReinforcePP(KLRewardPenalty):
+    """REINFORCE++ settings (the policy-loss and kl_penalty fields come from KLRewardPenalty)."""
 
     gamma: float = 1.0  # discount per token
-    kl_penalty: float = 0.0  # per-token KL(pi_old || pi_ref) penalty in the reward; 0 = none (paper: 0.01)
-    kl_penalty_estimator: str = "k1"  # k1 | k2 | k3
     baseline: bool = False  # REINFORCE++-baseline: subtract each prompt group's mean reward first
 
     def validate(self, cfg) -> None:
         super().validate(cfg)
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"algorithm.gamma must be in [0, 1] (got {self.gamma})")
-        if self.kl_penalty < 0:
-            raise ValueError(f"algorithm.kl_penalty must be >= 0 (got {self.kl_penalty})")
-        if self.kl_penalty_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"algorithm.kl_penalty_estimator must be one of {', '.join(KL_ESTIMATORS)} "
-                             f"(got {self.kl_penalty_estimator!r})")
         if self.baseline and cfg.rollout.group_size < 2:
             raise ValueError(f"rollout.group_size must be >= 2 for the group baseline (got {cfg.rollout.group_size})")
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.kl_coef > 0 or self.kl_penalty > 0
-
-    @property
-    def advantages_use_old_logprobs(self) -> bool:
-        return self.kl_penalty > 0  # the KL penalty in the reward
 
     def advantages(self, batch: Batch, reduce: Reduce = no_reduce) -> tuple[torch.Tensor, dict]:
         rewards = batch.rewards.float()  # [B]
         if self.baseline:
             groups = rewards.view(-1, batch.group_size)  # [B / G, G]
             rewards = (groups - groups.mean(-1, keepdim=True)).view(-1)
-        kl = kl_estimate(batch.old_logprobs, batch.ref_logprobs, self.kl_penalty_estimator) if self.kl_penalty else None
-        returns = returns_to_go(token_rewards(rewards, batch.loss_mask, kl, self.kl_penalty), batch.loss_mask,
-                                self.gamma)  # [B, T]
-        metrics = {}
-        if kl is not None:
-            metrics["reward/kl_penalty"] = self.kl_penalty * global_token_mean(kl, batch.loss_mask, reduce)
+        token_rewards, metrics = self.penalised_rewards(batch, rewards, reduce)  # [B, T]
+        returns = returns_to_go(token_rewards, batch.loss_mask, self.gamma)  # [B, T]
         return masked_whiten(returns, batch.loss_mask, reduce), metrics

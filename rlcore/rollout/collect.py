@@ -18,11 +18,10 @@ import torch
 from rlcore import rewards
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
-from rlcore.errors import describe
 from rlcore.rollout import continuous
-from rlcore.rollout.env import call_all, check_env
+from rlcore.rollout.env import call_all
 from rlcore.rollout.tools import declared_tools, tool_stats
-from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
+from rlcore.rollout.turns import Trajectory, rollout, to_batch
 
 if TYPE_CHECKING:
     from rlcore.run import Run
@@ -33,66 +32,6 @@ def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -
     return ((run_seed * 1_000_003 + step) * 1_000_033 + prompt_index) * group_size % 2**62
 
 
-def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
-    """Resolve and check the recipe's environment at startup (one instance from the first row), or the
-    single-turn settings without one. Raises ValueError naming the setting."""
-    r = cfg.rollout
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    if not r.env:
-        if r.max_turns > 1 or r.max_total_tokens:
-            raise ValueError("rollout.max_turns and rollout.max_total_tokens need an environment: set rollout.env")
-        return Envs(None, "", 1, [], r.env_timeout_s, 1, lambda obs: [], decode)
-    spec = r.env if isinstance(r.env, str) else rewards.fn_name(r.env)
-    factory = rewards.resolve(r.env, "rollout.env")
-    if r.max_total_tokens < r.max_new_tokens:
-        raise ValueError(f"rollout.max_total_tokens={r.max_total_tokens} is smaller than one turn "
-                         f"(rollout.max_new_tokens={r.max_new_tokens}); it bounds model + environment tokens "
-                         f"after the prompt, over all turns")
-    try:
-        env = factory(first_row)
-    except Exception as e:  # the user's factory: name it and the exception
-        raise ValueError(f"rollout.env '{spec}' raised when called with the first data row: {describe(e)}") from e
-    own_turns, stop_ids = check_env(env, spec, lambda s: tokenizer.encode(s, add_special_tokens=False))
-    if callable(getattr(env, "close", None)):
-        env.close()
-    turns = min(t for t in (own_turns, r.max_turns) if t) if (own_turns or r.max_turns) else 0
-    if turns < 1:
-        raise ValueError(f"rollout.env '{spec}' declares no max_turns: set rollout.max_turns (>= 1)")
-    if cfg.data.chat_template:
-        from rlcore.rollout import chat
-        chat.check_prefix_preserving(tokenizer)
-    toolbox = declared_tools(env)
-    if toolbox and declared_tools(factory) is not toolbox:  # rlcore.preflight reads it from the factory
-        raise ValueError(f"rollout.env '{spec}' makes environments with tools but does not declare them itself, so "
-                         f"prompts cannot show them: name the ToolEnv subclass, or set the factory's `toolbox`")
-    if toolbox and not cfg.data.chat_template:
-        raise ValueError(f"rollout.env '{spec}' declares tools, which reach the model through its chat template: "
-                         f"set data.chat_template=true")
-    if toolbox:
-        toolbox.check_template(tokenizer, cfg.model.path)
-
-    def encode(obs) -> list[int]:
-        if isinstance(obs, str):
-            ids = tokenizer.encode(obs, add_special_tokens=False)
-        elif obs and isinstance(obs[0], dict):
-            from rlcore.rollout import chat
-            ids = chat.observation_ids(tokenizer, obs)
-        else:
-            ids = [int(i) for i in obs]
-        bad = [i for i in ids if not 0 <= i < vocab_size]
-        if bad:
-            raise ValueError(f"observation token id {bad[0]} is outside the model's vocabulary [0, {vocab_size})")
-        return ids
-
-    return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode)
-
-
-def model_budget(cfg, envs: Envs) -> int:
-    """Model tokens one trajectory can hold at most: seq-mean-token-sum-norm's divisor, DAPO's overlong cap."""
-    r = cfg.rollout
-    return min(envs.max_turns * r.max_new_tokens, r.max_total_tokens or r.max_new_tokens)
-
-
 def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, temperature: float,
               max_new_tokens: int, owners: list[int], budgets: bool = True):
     """Trajectories for `rows` (group_size each) run to their end; env errors stop every rank. `budgets`: the
@@ -101,23 +40,24 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
              for row, seed, owner in zip(rows, seeds, owners) for j in range(group_size)]
     r = run.cfg.rollout
     max_total = r.max_total_tokens or max_new_tokens
-    if r.schedule == "continuous" and run.envs.factory is not None:  # single-turn: no tool time to overlap
-        stats = continuous.rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, temperature, run.tp_rank,
-                                   run.tp_group, *((r.trajectory_timeout_s, r.step_deadline_s) if budgets else ()))
+    if r.schedule == "continuous" and run.rollout.envs.factory is not None:  # single-turn: no tool time to overlap
+        stats = continuous.rollout(run.engine, trajs, run.rollout.envs, max_new_tokens, max_total, temperature,
+                                   run.rollout.tp_rank, run.rollout.tp_group,
+                                   *((r.trajectory_timeout_s, r.step_deadline_s) if budgets else ()))
     else:
-        stats = rollout(run.engine, trajs, run.envs, max_new_tokens, max_total, group_size, temperature,
-                        run.tp_rank, run.tp_group)
-    if run.envs.factory is not None:  # only an environment can fail here: no collective without one
+        stats = rollout(run.engine, trajs, run.rollout.envs, max_new_tokens, max_total, group_size, temperature,
+                        run.rollout.tp_rank, run.rollout.tp_group)
+    if run.rollout.envs.factory is not None:  # only an environment can fail here: no collective without one
         failed = next((x for x in trajs if x.error), None)
         agree(None if failed is None else
-              f"environment '{run.envs.spec}' failed on sample {trajs.index(failed) % group_size} of prompt "
+              f"environment '{run.rollout.envs.spec}' failed on sample {trajs.index(failed) % group_size} of prompt "
               f"{failed.row[run.cfg.data.prompt_column]!r}, {failed.error}")
-    return [x for x in trajs if x.owner == run.tp_rank], stats
+    return [x for x in trajs if x.owner == run.rollout.tp_rank], stats
 
 
 def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[torch.Tensor, dict]:
     """Rewards of this rank's trajectories [B] and their parts; closes their environments."""
-    envs = run.envs
+    envs = run.rollout.envs
     # a trajectory the step deadline ended before its first model turn has none: it completed nothing
     completions = [envs.decode(x.turns[-1] if x.turns else []) for x in mine]
     extra = None
@@ -126,16 +66,16 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
                  "turns": [[envs.decode(t) for t in x.turns] for x in mine], "envs": [x.env for x in mine]}
     rows = [x.row for x in mine]
     if first_only:  # eval: correctness is the first reward function, or the environment's reward without one
-        if not run.reward_fns:
+        if not run.rollout.reward_fns:
             return torch.tensor([x.env_reward for x in mine]), {}
         prompts, columns = rewards.reward_inputs(rows, run.cfg.data.prompt_column)
-        return rewards.score([(run.reward_fns[0][0], 1.0)], prompts, completions, columns | (extra or {}))
+        return rewards.score([(run.rollout.reward_fns[0][0], 1.0)], prompts, completions, columns | (extra or {}))
     total, parts = rewards.score_rollouts(run, rows, completions, extra)
     if envs.factory is not None:
         r = run.cfg.rollout
         parts["env"] = torch.tensor([x.env_reward for x in mine])
         total = total + r.env_weight * parts["env"]
-        total[torch.tensor([x.timed_out for x in mine], dtype=torch.bool)] = 0.0
+        total[torch.tensor([x.timed_out or x.failed is not None for x in mine], dtype=torch.bool)] = 0.0
         if r.truncated_reward is not None:
             total[torch.tensor([x.truncated for x in mine], dtype=torch.bool)] = r.truncated_reward
     return total, parts
@@ -145,40 +85,41 @@ def close_envs(run: Run, mine: list[Trajectory]) -> None:
     """close() every environment this rank owns (not those abandoned in a call: timed out, or cut by a budget)."""
     live = [x for x in mine if x.env is not None and not x.timed_out and not x.abandoned
             and callable(getattr(x.env, "close", None))]
-    outs = call_all([x.env.close for x in live], run.envs.timeout_s, run.envs.workers)
+    outs = call_all([x.env.close for x in live], run.rollout.envs.timeout_s, run.rollout.envs.workers)
     failed = next((o.error for o in outs if o.error), None)
-    agree(None if failed is None else f"environment '{run.envs.spec}' failed in close(): {failed}")
+    agree(None if failed is None else f"environment '{run.rollout.envs.spec}' failed in close(): {failed}")
 
 
 def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.Tensor], dict]:
     """This group's next prompts run through the turn loop; returns this rank's share as a scored Batch, the
     reward parts, and counters for the metrics. `draw` > 0 are dynamic sampling's extra draws."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    rows = run.prompts.next_batch()  # identical on every rank of the group
-    first = draw * cfg.rollout.prompts_per_step + run.group * len(rows)
+    rows = run.rollout.prompts.next_batch()  # identical on every rank of the group
+    first = draw * cfg.rollout.prompts_per_step + run.rollout.group * len(rows)
     share = len(rows) // run.dims.tp
     seeds = [rollout_seed(cfg.seed, step, first + i, G) for i in range(len(rows))]
     t = time.perf_counter()
     mine, stats = run_turns(run, rows, seeds, G, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
                             [i // share for i in range(len(rows))])
     rollout_s = time.perf_counter() - t
-    batch = to_batch(mine, pad_id(run.tokenizer), G, run.model_budget)
+    batch = to_batch(mine, pad_id(run.tokenizer), G, run.rollout.model_budget)
     t = time.perf_counter()
     batch.rewards, parts = score(run, mine)
-    if run.envs.factory is not None:
+    if run.rollout.envs.factory is not None:
         close_envs(run, mine)
     counts = {"generated": stats.generated / run.dims.tp, "generate_s": stats.generate_s, "env_s": stats.env_s,
               "rollout_s": rollout_s,
-              "reward_s": time.perf_counter() - t, "active": stats.active if run.tp_rank == 0 else [],
+              "reward_s": time.perf_counter() - t, "active": stats.active if run.rollout.tp_rank == 0 else [],
               "turns": sum(len(x.turns) for x in mine), "truncated": sum(x.truncated for x in mine),
-              "timeouts": sum(x.timed_out for x in mine), "model_tokens": sum(x.model_tokens for x in mine),
+              "timeouts": sum(x.timed_out for x in mine), "failed": sum(x.failed is not None for x in mine),
+              "model_tokens": sum(x.model_tokens for x in mine),
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
-    if declared_tools(run.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
+    if declared_tools(run.rollout.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
-                   "deadline_truncated": stats.deadline_truncated if run.tp_rank == 0 else 0,
-                   "budget_truncated": stats.budget_truncated if run.tp_rank == 0 else 0}
+                   "deadline_truncated": stats.deadline_truncated if run.rollout.tp_rank == 0 else 0,
+                   "budget_truncated": stats.budget_truncated if run.rollout.tp_rank == 0 else 0}
     return batch, parts, counts
 
 
@@ -191,7 +132,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     equal (zero advantage under any group baseline) are dropped and further prompts drawn, in rounds taken
     by every rank together, until every rank has its share or the algorithm's bound on rounds is spent."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    extra_draws = getattr(cfg.algorithm, "dynamic_sampling", 0)
+    extra_draws = cfg.algorithm.dynamic_sampling
     need = cfg.rollout.prompts_per_step // run.dims.generators * G  # sequences per rank
     kept: list[Batch] = []
     have = drawn_groups = kept_groups = 0
@@ -236,7 +177,7 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
               "throughput/generate_tok_s": generated / max(totals["generate_s"], 1e-9), "tokens/generated": generated}
     if extra_draws:
         stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
-    if run.envs.factory is not None:
+    if run.rollout.envs.factory is not None:
         stats |= env_metrics(run, totals, r_n)
     return batch, stats
 
@@ -244,15 +185,16 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
 def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
     """Multi-turn metrics over every rank's trajectories of this step (all draws); with a ToolEnv, its
     ToolStats summed (tool/calls, tool/malformed, tool/unknown_tool, tool/bad_arguments, tool/tool_raised)."""
-    turns = run.envs.max_turns
+    turns = run.rollout.envs.max_turns
     active = (totals["active"] + [0] * turns)[:turns]
     tools = sorted(k for k in totals if k.startswith("tool/"))
     sums = all_sum(totals["turns"], totals["truncated"], totals["timeouts"], totals["model_tokens"],
-                   totals["env_tokens"], *active, *(totals[k] for k in tools))
+                   totals["env_tokens"], totals["failed"], *active, *(totals[k] for k in tools))
     out = {"env/turns_mean": sums[0] / n, "env/truncated_frac": sums[1] / n, "env/timeouts": sums[2],
-           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"]}
-    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[5:5 + turns])}
-    out |= {k: int(v) for k, v in zip(tools, sums[5 + turns:])}
+           "tokens/model_mean": sums[3] / n, "tokens/env_mean": sums[4] / n, "time/env_s": totals["env_s"],
+           "rollout/failed_trajectories": int(sums[5])}
+    out |= {f"env/active_turn{t + 1}": a for t, a in enumerate(sums[6:6 + turns])}
+    out |= {k: int(v) for k, v in zip(tools, sums[6 + turns:])}
     if run.cfg.rollout.schedule == "continuous":  # every rank runs it (a collective)
         idle, rollout_s, calls_per_s, deadline, budget = all_sum(
             totals.get("idle_s", 0.0), totals.get("rollout_s", 0.0),
@@ -266,7 +208,7 @@ def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
 def evaluate(run: Run) -> dict[str, float]:
     """Greedy answers to the held-out prompts (through the environment, if any); accuracy = share whose first
     reward function gives >= 1 (without a reward function: whose environment reward is >= 1)."""
-    rows = run.eval_rows[run.group::run.dims.rollout_groups]
+    rows = run.rollout.eval_rows[run.rollout.group::run.dims.rollout_groups]
     max_tokens = run.cfg.rollout.eval_max_new_tokens or run.cfg.rollout.max_new_tokens
     mine, _ = run_turns(run, rows, [0] * len(rows), 1, 0.0, max_tokens,
                         [i % run.dims.tp for i in range(len(rows))], budgets=False)
@@ -274,7 +216,7 @@ def evaluate(run: Run) -> dict[str, float]:
     if mine:
         total, _ = score(run, mine, first_only=True)
         correct = (total >= 1.0).sum().item()
-    if run.envs.factory is not None:
+    if run.rollout.envs.factory is not None:
         close_envs(run, mine)
     correct, n = all_sum(correct, len(mine))
     return {"eval/accuracy": correct / max(n, 1.0)}

@@ -19,7 +19,10 @@ in a background thread, each at most rollout.env_workers at once. The main loop 
 without a deadline, so a stuck tool cannot stall the step: it ends its trajectory after
 rollout.env_timeout_s (timed out, reward 0), rollout.trajectory_timeout_s or rollout.step_deadline_s
 (truncated: its in-flight request is aborted, a pending observation dropped; it ends on its last model turn).
-Both budgets are checked once per tick, so they act at most one tick's engine steps late.
+Both budgets are checked once per tick, so they act at most one tick's engine steps late. Every environment
+call runs with Limits (rlcore.rollout.env) that end ANSWER_S before the earliest of these cuts, so rlcore's
+tools (and any environment that reads time_left()) answer, stop their programs and free their sandbox
+workers before the loop drops the trajectory.
 
 Tensor parallelism. Every rank of an engine's group must make identical engine calls between the same engine
 steps. The loop runs in ticks, the same on every rank:
@@ -42,6 +45,7 @@ import asyncio
 import concurrent.futures as cf
 import inspect
 import itertools
+import math
 import queue
 import threading
 import time
@@ -50,8 +54,9 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from rlcore.config import RolloutConfig
 from rlcore.errors import describe
-from rlcore.rollout.env import Outcome
+from rlcore.rollout.env import Limits, Outcome, awithin, within
 from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome, start,
                                   turn_seed)
 
@@ -79,10 +84,14 @@ class EnvRunner:
         runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
 
     Daemon threads, not a ThreadPoolExecutor: the executor's threads are joined when the process exits, so a
-    call stuck for good would hold up the end of the run after the rollout had long abandoned it."""
+    call stuck for good would hold up the end of the run after the rollout had long abandoned it.
 
-    def __init__(self, workers: int):
-        self.workers = workers
+    Each call runs with Limits (rlcore.rollout.env) that end when the loop would give up on it: `timeout_s`
+    after its start, and no later than `until` (time.perf_counter(): the rollout's budgets)."""
+
+    def __init__(self, workers: int, timeout_s: float = math.inf, max_tool_calls: int = RolloutConfig.max_tool_calls,
+                 until: float = math.inf):
+        self.workers, self.timeout_s, self.max_tool_calls, self.until = workers, timeout_s, max_tool_calls, until
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.threads = 0
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -108,7 +117,7 @@ class EnvRunner:
                 continue
             clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
             try:
-                future.set_result(fn(*args))
+                future.set_result(within(self._limits(clock["t"]), fn, *args))
             except Exception as e:  # the environment's own error: handed to finished() with the future
                 future.set_exception(e)
 
@@ -117,7 +126,10 @@ class EnvRunner:
             self.limit = asyncio.Semaphore(self.workers)
         async with self.limit:
             clock["t"] = time.perf_counter()
-            return await fn(*args)
+            return await awithin(self._limits(clock["t"]), fn, *args)
+
+    def _limits(self, started: float) -> Limits:
+        return Limits.starting_now(self.timeout_s, self.max_tool_calls, self.until - started)
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
@@ -197,7 +209,9 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
     rlcore.rollout.turns.rollout, which this matches trajectory by trajectory, plus the two budgets (0 = none).
     `engine` needs submit / step / busy / abort (rlcore.rollout.engine.RolloutEngine)."""
     t0 = time.perf_counter()
-    stats, runner, tag = ContinuousStats(), EnvRunner(envs.workers), next(_rollouts)
+    budget = min([b for b in (trajectory_timeout_s, step_deadline_s) if b] or [math.inf])
+    runner = EnvRunner(envs.workers, min(envs.timeout_s, envs.turn_s), envs.max_tool_calls, t0 + budget)
+    stats, tag = ContinuousStats(), next(_rollouts)
     live: dict[str, int] = {}  # request id -> trajectory, for requests in the engine (the same on every rank)
     caps: dict[int, int] = {}  # each live request's token cap (decides whether a cut action is complete)
     mine = [i for i, x in enumerate(trajs) if x.owner == tp_rank]

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore import lora
-from rlcore.config import Config
+from rlcore.config import Config, models_of
 from rlcore.weights import checkpoint_weights
 
 # vLLM logs every request batch at INFO; a training run wants its own progress lines.
@@ -76,7 +76,7 @@ class RolloutEngine:
         self.sleep_mode = self.cuda and (dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks)
         # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
         # first sync: B = 0 then, so the base alone is exactly the policy).
-        self.lora = cfg.lora if cfg.lora.enabled and cfg.lora.sync == "adapter" else None
+        self.lora = cfg.lora if models_of(cfg).engine_lora else None
         self.lora_request = None
         self.model_path = cfg.model.path
         lora_args = {}
@@ -109,6 +109,8 @@ class RolloutEngine:
             **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
                 max_model_len, 4096 * cfg.rollout.tensor_parallel)}),
             **({"load_format": "dummy"} if dormant else {}),
+            # The checkpoint-loading bar: shown with vLLM's warnings (rlcore/library_logs.py).
+            use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING),
             **lora_args,
         )
         self.version = 0
@@ -150,9 +152,6 @@ class RolloutEngine:
         return [[Sample(list(c.token_ids),
                         [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else [],
                         c.finish_reason or "") for c in out.outputs] for out in outs]
-
-    def greedy(self, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        return [s[0].token_ids for s in self.generate(prompts, 1, max_tokens, 0.0, [None] * len(prompts))]
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""

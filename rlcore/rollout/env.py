@@ -25,14 +25,23 @@ observation that says so, not an exception: an exception stops the run (it is a 
 
 `stop` lists strings, each one token of the tokenizer, that end a model turn besides EOS (e.g. a tool-call
 token); the stop token stays in the model's tokens. `close()` is called once the trajectory is scored.
+
+Every call into an environment runs with limits it can read, `limits()` and `time_left()`: the turn's
+deadline (rollout.turn_deadline_s, and never later than the moment the loop would give up on the call:
+rollout.env_timeout_s or the continuous schedule's budgets) and the tool calls one turn may run
+(rollout.max_tool_calls). rlcore's tools keep to them (rlcore.rollout.tools); a long-running environment
+should too, since a call the loop gives up on cannot be stopped (Python cannot stop a thread).
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextvars
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from rlcore.config import RolloutConfig
 from rlcore.errors import describe
 
 
@@ -105,6 +114,57 @@ def check_env(env: Any, spec: str, vocab: Callable[[str], list[int]]) -> tuple[i
     return max_turns, stop_ids
 
 
+# ---- limits of one environment call ------------------------------------------------------------------------
+
+ANSWER_S = 0.25  # tools stop this long (at most a quarter of the call's time) before the loop gives up on the
+# call, so that their answer, and the sandbox worker they held, are back before it does
+
+
+@dataclass(frozen=True)
+class Limits:
+    deadline: float = math.inf  # time.monotonic() by which the call should have returned
+    max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
+
+    @staticmethod
+    def starting_now(seconds: float, max_tool_calls: int, budget_s: float = math.inf) -> Limits:
+        """The limits of a call that the loop gives up on `seconds` from now, or when a budget of the whole
+        rollout ends `budget_s` from now (the continuous schedule's), whichever comes first."""
+        now = time.monotonic()
+        return Limits(min(now + seconds - min(ANSWER_S, seconds / 4), now + budget_s - ANSWER_S), max_tool_calls)
+
+
+# Outside a rollout (a test, a notebook) there is no deadline and the config's default cap.
+_limits: contextvars.ContextVar[Limits] = contextvars.ContextVar("rlcore_env_limits", default=Limits())
+
+
+def limits() -> Limits:
+    """The limits of the environment call running in this thread (or asyncio task)."""
+    return _limits.get()
+
+
+def time_left() -> float:
+    """Seconds until this call's deadline (inf outside a rollout); <= 0 once it has passed."""
+    return _limits.get().deadline - time.monotonic()
+
+
+def within(limits: Limits, fn: Callable, *args) -> Any:
+    """fn(*args) with `limits` as this thread's limits, the previous ones restored after."""
+    token = _limits.set(limits)
+    try:
+        return fn(*args)
+    finally:
+        _limits.reset(token)
+
+
+async def awithin(limits: Limits, fn: Callable, *args) -> Any:
+    """await fn(*args) with `limits` as this asyncio task's limits."""
+    token = _limits.set(limits)
+    try:
+        return await fn(*args)
+    finally:
+        _limits.reset(token)
+
+
 @dataclass
 class Outcome:
     value: Any = None
@@ -113,8 +173,10 @@ class Outcome:
     seconds: float = 0.0
 
 
-def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int) -> list[Outcome]:
-    """Run environment calls in a thread pool; each gets `timeout_s` from the moment it starts.
+def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int, turn_s: float = math.inf,
+             max_tool_calls: int = RolloutConfig.max_tool_calls) -> list[Outcome]:
+    """Run environment calls in a thread pool; each gets `timeout_s` from the moment it starts, and runs
+    with Limits of min(timeout_s, turn_s) and `max_tool_calls` (what its tools keep to).
 
     A call past its time is abandoned (Python cannot stop a thread; its result is ignored) and reported as
     timed out, so one slow environment never holds up the rest or a collective for longer than that."""
@@ -125,7 +187,7 @@ def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int) -> 
 
     def run(i: int) -> Any:
         started[i] = time.perf_counter()
-        return calls[i]()
+        return within(Limits.starting_now(min(timeout_s, turn_s), max_tool_calls), calls[i])
 
     pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(calls))), thread_name_prefix="rlcore-env")
     futures = {pool.submit(run, i): i for i in range(len(calls))}

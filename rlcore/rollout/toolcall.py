@@ -11,19 +11,43 @@ tool message, rlcore.rollout.tools). Parsers read decoded text: a marker the tok
 <|python_tag|>, Mistral's [TOOL_CALLS]) may be dropped by the decode, so each parser also reads the call
 without it. Formats are registered by name in PARSERS (Toolbox(format=...)); vLLM's own parsers are not used
 at run time: their import paths and protocol change between releases.
+
+During RL the model writes these texts, so no text may stop the run: every parser is linear in the text (no
+backtracking regex), reads at most MAX_CALL_CHARS characters of one call and at most MAX_DEPTH levels of
+nesting, refuses NaN, infinities and integers too long to convert; `parse` runs one format and turns any
+error a parser still raises into the error string. Errors and echoed names are cut (`brief`), so what the model reads
+back is short whatever it wrote.
 """
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+MAX_CALL_CHARS = 2 ** 18  # characters of one call's text that are read; a longer call is an error
+MAX_DEPTH = 64  # nesting of [ and { in a call; json's C scanner raises RecursionError near 1000
+MAX_ERRORS = 3  # errors of one turn spelled out; the rest are counted
+ECHO_CHARS = 64  # characters of a model-written name or value that an error message repeats
 
 
 @dataclass
 class ToolCall:
     name: str
     arguments: dict = field(default_factory=dict)
+
+
+def brief(text: str, limit: int = ECHO_CHARS) -> str:
+    """Model-written text as an error message may repeat it: at most `limit` characters, and lone surrogates
+    (a JSON escape such as "\\ud800" decodes to one; tokenizers refuse them) replaced by "?"."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _show(value: Any) -> str:
+    """A decoded JSON value as JSON, cut for an error message (values are shallow: see MAX_DEPTH)."""
+    return brief(json.dumps(value))
 
 
 def json_type(value: Any) -> str:
@@ -44,7 +68,7 @@ def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments",)) -> ToolCall | s
     if "name" not in obj:
         return 'no "name" field'
     if not isinstance(obj["name"], str) or not obj["name"]:
-        return f'"name" must be a non-empty string, got {json.dumps(obj["name"])}'
+        return f'"name" must be a non-empty string, got {_show(obj["name"])}'
     key = next((k for k in args_keys if k in obj), args_keys[0])
     args = obj.get(key, {})  # a tool without arguments may be called without the field
     if not isinstance(args, dict):
@@ -52,47 +76,112 @@ def _call(obj: Any, args_keys: tuple[str, ...] = ("arguments",)) -> ToolCall | s
     return ToolCall(obj["name"], args)
 
 
-def _json_error(e: json.JSONDecodeError) -> str:
-    return f"invalid JSON ({e.msg}, line {e.lineno} column {e.colno})"
+def _json_error(e: ValueError) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON ({e.msg}, line {e.lineno} column {e.colno})"
+    return f"invalid JSON ({brief(str(e))})"  # e.g. an integer of more than 4300 digits
+
+
+def _not_finite(text: str) -> float:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400 parses to inf
+        raise ValueError(f"{brief(text, 24)} is out of range")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in a decoded value (iterative: the value may be deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_finite, parse_float=_finite)
+_SPACE = re.compile(r"\s*")
+_TOO_DEEP = f"invalid JSON (nested deeper than {MAX_DEPTH} levels)"
+
+
+def _decoded(decode: Callable[[], Any]) -> tuple[Any, str | None]:
+    """(decode(), None), or (None, what is wrong): a JSON error, NaN, 1e400, an integer past the digit limit,
+    or nesting past what the C scanner takes (RecursionError) or past MAX_DEPTH. What passes is shallow, so
+    printing, pickling (the TP group's all_gather_object) and the tools never recurse deeply on it."""
+    try:
+        value = decode()
+    except RecursionError:
+        return None, _TOO_DEEP
+    except ValueError as e:
+        return None, _json_error(e)
+    return (None, _TOO_DEEP) if _depth(value) > MAX_DEPTH else (value, None)
+
+
+def _too_long(body: str) -> str | None:
+    if len(body) > MAX_CALL_CHARS:
+        return f"the call is {len(body)} characters long; at most {MAX_CALL_CHARS} are read"
+    return None
 
 
 def _collect(items: list[ToolCall | str]) -> tuple[list[ToolCall], str | None]:
     errors = [x for x in items if isinstance(x, str)]
-    return [x for x in items if isinstance(x, ToolCall)], "; ".join(errors) or None
+    more = f"; and {len(errors) - MAX_ERRORS} more errors" if len(errors) > MAX_ERRORS else ""
+    return [x for x in items if isinstance(x, ToolCall)], "; ".join(errors[:MAX_ERRORS]) + more or None
+
+
+def _blocks(text: str, opener: str, closer: str) -> list[str]:
+    """The text inside each opener ... closer pair; a last opener without its closer reads to the end. A scan
+    with str.find: linear in the text, whatever it holds (no regex to backtrack)."""
+    blocks, i = [], text.find(opener)
+    while i >= 0:
+        start = i + len(opener)
+        end = text.find(closer, start)
+        if end < 0:
+            blocks.append(text[start:])
+            break
+        blocks.append(text[start:end])
+        i = text.find(opener, end + len(closer))
+    return blocks
 
 
 def parse_hermes(text: str) -> tuple[list[ToolCall], str | None]:
     """Qwen2.5 / Qwen3 / Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, one or more blocks.
     A last block without its closing tag is read to the end of the text (models often stop right there)."""
-    blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, re.S)
+    blocks = _blocks(text, "<tool_call>", "</tool_call>")
     items: list[ToolCall | str] = []
     for k, block in enumerate(blocks, 1):
         where = f"tool call {k}: " if len(blocks) > 1 else ""
-        try:
-            call = _call(json.loads(block))
-        except json.JSONDecodeError as e:
-            call = _json_error(e)
+        err = _too_long(block)
+        value, err = (None, err) if err else _decoded(lambda: _DECODER.decode(block))
+        call = _call(value) if err is None else err
         items.append(call if isinstance(call, ToolCall) else where + call)
     return _collect(items)
 
 
 def _json_sequence(body: str, sep: str) -> list[Any] | str:
-    """JSON values separated by `sep` (and whitespace) filling `body`, or what is wrong."""
-    decoder, values, i = json.JSONDecoder(), [], 0
+    """JSON values separated by `sep` (and whitespace) filling `body`, or what is wrong. Indices only, no
+    slices of the rest: a body of many short values stays linear."""
+    if (err := _too_long(body)) is not None:
+        return err
+    values, i = [], _SPACE.match(body).end()
     while True:
-        try:
-            value, i = decoder.raw_decode(body, i)
-        except json.JSONDecodeError as e:
-            return _json_error(e)
-        values.append(value)
-        rest = body[i:].lstrip()
-        if not rest:
+        pair, err = _decoded(lambda: _DECODER.raw_decode(body, i))
+        if err is not None:
+            return err
+        values.append(pair[0])
+        i = _SPACE.match(body, pair[1]).end()
+        if i == len(body):
             return values
-        if not sep or not rest.startswith(sep):
-            return f"unexpected text after the call: {rest[:30]!r}"
-        if not rest[len(sep):].strip():  # a trailing separator
+        if not sep or not body.startswith(sep, i):
+            return f"unexpected text after the call: {brief(body[i:i + 30], 30)!r}"
+        i = _SPACE.match(body, i + len(sep)).end()
+        if i == len(body):  # a trailing separator
             return values
-        i = len(body) - len(rest[len(sep):].lstrip())
 
 
 def parse_llama3(text: str) -> tuple[list[ToolCall], str | None]:
@@ -127,3 +216,10 @@ def parse_mistral(text: str) -> tuple[list[ToolCall], str | None]:
 PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], str | None]]] = {
     "hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral}
 
+
+def parse(format: str, text: str) -> tuple[list[ToolCall], str | None]:
+    """PARSERS[format](text) for any text: whatever a parser still raises on it becomes the error string."""
+    try:
+        return PARSERS[format](text)
+    except Exception as e:  # the model wrote the text: its failure to parse is the model's observation, never the run's
+        return [], f"the tool call could not be read ({type(e).__name__}: {brief(str(e))})"

@@ -31,10 +31,17 @@ through the model's chat template. A bad call is answered, never raised, and cou
                                          enclosed in double quotes, line 1 column 17)
 A turn without a call is the final answer: the episode ends.
 
+Whatever the model writes, a turn's answer is bounded: at most rollout.max_tool_calls calls run (the rest are
+answered with one line, tool/too_many_calls), none starts once the turn's deadline has passed
+(rollout.turn_deadline_s; one line, tool/deadline), every message is cut to `max_chars` and every name or
+value a message repeats to a few dozen characters, so a turn's observation holds at most
+max_tool_calls + 2 messages of at most max_chars + 40 characters each.
+
 A ready-made tool, `python(code: str) -> str`, runs the model's program in the rank's sandbox
 (rlcore.sandbox.shared(), with the limits of the config's `sandbox` section) and answers with what the program
 printed, its traceback, or a line saying why it stopped: `[timeout: stopped after 5 s]`,
-`[memory: the program ran out of memory (512 MiB)]`, `[output truncated]`.
+`[memory: the program ran out of memory (512 MiB)]`, `[output truncated]`. Its program is stopped at the
+turn's deadline too (`[timeout: the turn's time ran out]`).
 
 Startup: `Toolbox(...)` checks the declarations and `check_template(tokenizer, model_path)` that the model's
 chat template renders the tools; prompts are rendered with `apply_chat_template(..., tools=toolbox.schemas)`
@@ -50,8 +57,9 @@ from typing import Any, Callable
 
 from rlcore import sandbox
 from rlcore.errors import one_line
-from rlcore.rollout.env import Env, Step
-from rlcore.rollout.toolcall import PARSERS, ToolCall, json_type
+from rlcore.rollout.env import Env, Step, limits, time_left
+from rlcore.rollout.observation import clean
+from rlcore.rollout.toolcall import PARSERS, ToolCall, brief, json_type, parse
 
 
 @dataclass
@@ -62,10 +70,12 @@ class ToolStats:
     unknown_tool: int = 0
     bad_arguments: int = 0  # missing, unexpected or wrongly typed arguments
     tool_raised: int = 0
+    too_many_calls: int = 0  # calls not run: past the turn's rollout.max_tool_calls
+    deadline: int = 0  # calls not run, or still running, when the turn's deadline passed
 
     @property
     def bad(self) -> int:
-        return self.malformed + self.unknown_tool + self.bad_arguments + self.tool_raised
+        return self.malformed + self.unknown_tool + self.bad_arguments + self.tool_raised + self.too_many_calls
 
     def __add__(self, other: ToolStats) -> ToolStats:
         return ToolStats(*(a + b for a, b in zip(astuple(self), astuple(other))))
@@ -85,7 +95,7 @@ def _type_error(value: Any, schema: dict) -> str | None:
         if got not in allowed and not (got == "integer" and "number" in allowed) and "any" not in allowed:
             return f"must be {' or '.join(allowed)}, got {got}"
     if "enum" in schema and value not in schema["enum"]:
-        return f"must be one of {', '.join(json.dumps(v) for v in schema['enum'])}, got {json.dumps(value)}"
+        return f"must be one of {', '.join(json.dumps(v) for v in schema['enum'])}, got {brief(json.dumps(value))}"
     if isinstance(value, list) and isinstance(schema.get("items"), dict):
         for i, item in enumerate(value):
             if (err := _type_error(item, schema["items"])) is not None:
@@ -110,7 +120,7 @@ def check_arguments(arguments: dict, schema: dict) -> str | None:
     if missing:
         return f"missing required argument '{missing[0]}'"
     if unexpected:
-        return f"unexpected argument '{unexpected[0]}'"
+        return f"unexpected argument '{brief(unexpected[0])}'"
     for k, v in arguments.items():
         if (err := _type_error(v, params[k])) is not None:
             return f"argument '{k}' {err}"
@@ -184,40 +194,78 @@ class Toolbox:
     def call(self, call: ToolCall) -> tuple[str, str | None]:
         """Run one call: (message content, kind of failure or None). Never raises for the tool's own errors."""
         if call.name not in self.functions:
-            return f"error: unknown tool '{call.name}'; tools: {', '.join(self.names)}", "unknown_tool"
+            known = ", ".join(self.names)
+            return self._cut(f"error: unknown tool '{brief(call.name)}'; tools: {known}"), "unknown_tool"
         schema = self._by_name[call.name]
         if (err := check_arguments(call.arguments, schema)) is not None:
-            return f"error: {call.name}: {err}; expected {_signature(schema)}", "bad_arguments"
+            return self._cut(f"error: {call.name}: {err}; expected {_signature(schema)}"), "bad_arguments"
         try:
             value = self.functions[call.name](**call.arguments)
             if inspect.iscoroutine(value):  # an async def tool: rlcore's env worker threads run no event loop
-                value = asyncio.run(value)
+                value = asyncio.run(_until_deadline(value))
+            if value is _LATE:
+                return "error: stopped: the turn's time ran out", "deadline"
+            # a circular or otherwise unprintable result is the tool's failure too, told to the model
+            value = value if isinstance(value, str) else json.dumps(value, default=str)
         except Exception as e:  # the tool's failure is the model's observation, not the run's
             return self._cut(f"error: {call.name} raised {type(e).__name__}: {one_line(e)}"), "tool_raised"
-        return self._cut(value if isinstance(value, str) else json.dumps(value, default=str)), None
+        return self._cut(value), None
 
     def _cut(self, text: str) -> str:
-        if len(text) <= self.max_chars:
-            return text
-        return text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
+        """At most max_chars characters (and a note of how many more), lone surrogates replaced."""
+        if len(text) > self.max_chars:
+            text = text[:self.max_chars] + f"... [{len(text) - self.max_chars} more characters]"
+        return clean(text)
 
     def run(self, calls: list[ToolCall], parse_error: str | None = None) -> tuple[list[dict], ToolStats]:
-        """Tool messages for a turn's calls (in order, then the parse error if any) and their counts."""
+        """Tool messages for a turn's calls (in order, then the parse error if any) and their counts, within
+        the call's limits (rlcore.rollout.env.limits()): the first max_tool_calls calls, each started only
+        before the deadline; one message says how many were not run, and why."""
         stats = ToolStats(calls=len(calls) + (parse_error is not None), malformed=int(parse_error is not None))
+        cap = limits().max_tool_calls
         messages = []
-        for call in calls:
+        for k, call in enumerate(calls[:cap]):
+            if time_left() <= 0:
+                stats.deadline += min(len(calls), cap) - k
+                messages.append({"role": "tool", "content": f"error: {_calls(min(len(calls), cap) - k)} not run: "
+                                                            f"the turn's time ran out"})
+                break
             content, kind = self.call(call)
+            if kind is None and time_left() <= 0:  # it answered, but only when the time was up
+                kind = "deadline"
             if kind:
                 setattr(stats, kind, getattr(stats, kind) + 1)
-            messages.append({"role": "tool", "name": call.name, "content": content})
+            messages.append({"role": "tool", "name": brief(call.name), "content": content})
+        if len(calls) > cap:
+            stats.too_many_calls = len(calls) - cap
+            messages.append({"role": "tool", "content": f"error: {_calls(len(calls) - cap, 'more ')} not run: at "
+                                                        f"most {cap} per turn"})
         if parse_error is not None:
-            messages.append({"role": "tool", "content": f"error: malformed tool call: {parse_error}"})
+            messages.append({"role": "tool", "content": self._cut(f"error: malformed tool call: {parse_error}")})
         return messages, stats
+
+
+def _calls(n: int, more: str = "") -> str:
+    return f"{n} {more}tool call was" if n == 1 else f"{n} {more}tool calls were"
+
+
+_LATE = object()  # what an async tool "returns" when the turn's deadline cancelled it
+
+
+async def _until_deadline(coroutine):
+    """An async tool's coroutine, cancelled at the turn's deadline."""
+    left = time_left()
+    try:
+        return await asyncio.wait_for(coroutine, None if left == float("inf") else max(left, 0.0))
+    except TimeoutError:
+        if time_left() > 0:  # the tool's own timeout, not the turn's
+            raise
+        return _LATE
 
 
 def declared_tools(env: Any) -> Toolbox | None:
     """The Toolbox an environment (class or instance) declares as `toolbox`, or None: its tools go into every
-    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.collect.make_envs)."""
+    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.envs.make_envs)."""
     toolbox = getattr(env, "toolbox", None)
     return toolbox if isinstance(toolbox, Toolbox) else None
 
@@ -233,7 +281,8 @@ def tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> l
 
 
 def bad_tool_calls(prompts: list[str], completions: list[str], envs: list, **_) -> list[float]:
-    """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised), likewise."""
+    """Calls per trajectory that failed (malformed, unknown tool, bad arguments, the tool raised, past the turn's
+    cap), likewise."""
     return [float(env.stats.bad) for env in envs]
 
 
@@ -243,12 +292,19 @@ def python(code: str) -> str:
     Args:
         code: the whole program, e.g. "print(12 * 4 - 6)"
     """
-    box = sandbox.shared()
-    result, limits = box.run(code), box.config
+    box, left = sandbox.shared(), time_left()
+    if left <= 0:
+        return "[not run: the turn's time ran out]"
+    limits = box.config
+    # Within the turn's deadline: the program is stopped when the turn's time is up, so a trajectory the
+    # loop gives up on leaves no program running and its sandbox worker free.
+    result = box.run(code, min(left, limits.timeout_s))
     text = "".join(s if s.endswith("\n") else s + "\n" for s in (result.stdout, result.stderr) if s)
     # What the model reads has no timings in it, so a rollout stays reproducible (rlcore.sandbox.Result.text
     # shows the seconds). A truncated output already ends with "[output truncated]".
-    if result.status == "timeout":
+    if result.status == "timeout" and result.exit_code != -24 and left < limits.timeout_s:
+        text += "[timeout: the turn's time ran out]"
+    elif result.status == "timeout":
         text += (f"[timeout: stopped after {limits.cpu_s:g} s of CPU time]" if result.exit_code == -24 else
                  f"[timeout: stopped after {limits.timeout_s:g} s]")
     elif result.status == "memory":
@@ -275,7 +331,7 @@ class ToolEnv(Env):
         self.stats = ToolStats()
 
     def step(self, action: str, action_ids: list[int]) -> Step:
-        calls, error = self.toolbox.parse(action)
+        calls, error = parse(self.toolbox.format, action)
         if not calls and error is None:
             return Step(done=True)
         messages, stats = self.toolbox.run(calls, error)

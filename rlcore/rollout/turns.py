@@ -21,8 +21,11 @@ The ending rule, applied to each trajectory after each model turn (rlcore/rollou
      the environment's max_turns), or if the observation leaves no room for one more model token in
      rollout.max_total_tokens (the observation is dropped). Otherwise the observation is appended.
   4. A step that raises stops the run (EnvError, every rank); a step slower than rollout.env_timeout_s ends
-     its trajectory with reward 0 and counts in env/timeouts.
-So a trajectory always ends on a model token, and trailing observations never reach the trainer.
+     its trajectory with reward 0 and counts in env/timeouts; an observation whose content cannot be encoded
+     (rlcore.rollout.observation) ends it with reward 0 and counts in rollout/failed_trajectories.
+So a trajectory always ends on a model token, and trailing observations never reach the trainer. Each
+environment call runs with Limits (rlcore.rollout.env) ending shortly before the earlier of
+rollout.env_timeout_s and rollout.turn_deadline_s, which rlcore's tools keep to (rlcore.rollout.tools).
 
 Tensor parallelism: every rank of an engine's group runs this loop on identical rows. Each environment
 lives on the one rank that trains its trajectory (`owners`); that rank steps it, and the results are
@@ -31,6 +34,7 @@ ids, budgets and seeds, and each environment is stepped once per turn, not once 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -38,7 +42,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+from rlcore.config import RolloutConfig
 from rlcore.rollout.env import as_step, call_all
+from rlcore.rollout.observation import Unencodable
 
 
 @dataclass
@@ -57,6 +63,7 @@ class Trajectory:
     truncated: bool = False  # ended by a limit (turns, tokens, an incomplete action), not by the environment
     timed_out: bool = False
     error: str | None = None  # what the environment raised (the run stops on it)
+    failed: str | None = None  # why its observation could not be encoded (it ends, reward 0; the run goes on)
     abandoned: bool = False  # its environment was still in a call when the trajectory ended (not closed)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
@@ -88,6 +95,8 @@ class Envs:
     workers: int
     encode: Callable[[Any], list[int]]  # observation (text, ids or chat messages) -> token ids
     decode: Callable[[list[int]], str]  # a model turn's ids -> the action text (special tokens dropped)
+    turn_s: float = math.inf  # rollout.turn_deadline_s: the time one step's tools get (rlcore.rollout.env.Limits)
+    max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
 
 
 def turn_seed(first_seed: int, turn: int) -> int:
@@ -104,7 +113,8 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
     if envs.factory is not None:
         t = time.perf_counter()
         mine = [i for i, x in enumerate(trajs) if x.owner == tp_rank]
-        outs = call_all([lambda x=trajs[i]: start(x, envs.factory) for i in mine], envs.timeout_s, envs.workers)
+        outs = call_all([lambda x=trajs[i]: start(x, envs.factory) for i in mine], envs.timeout_s, envs.workers,
+                        envs.turn_s, envs.max_tool_calls)
         results = {i: outcome(o, lambda v: envs.encode(v) if v not in (None, "", []) else [],
                               "creating it or in reset()") for i, o in zip(mine, outs)}
         for i, res in share(results, tp_group).items():
@@ -138,7 +148,7 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
         t = time.perf_counter()
         mine = [i for i in stepping if trajs[i].owner == tp_rank]
         outs = call_all([lambda x=trajs[i]: x.env.step(envs.decode(x.turns[-1]), list(x.turns[-1])) for i in mine],
-                        envs.timeout_s, envs.workers)
+                        envs.timeout_s, envs.workers, envs.turn_s, envs.max_tool_calls)
         results = {i: outcome(o, lambda v: encode_step(v, envs), f"turn {turn + 1}")
                    for i, o in zip(mine, outs)}
         for i, res in share(results, tp_group).items():
@@ -163,7 +173,9 @@ def outcome(o, convert: Callable, where: str) -> dict:
         return {"error": f"{where}: {o.error}"}
     try:
         return {"value": convert(o.value)}
-    except Exception as e:  # a wrong shape or an unencodable observation: the environment's fault, reported
+    except Unencodable as e:  # what the model made the environment echo: this trajectory fails, the run goes on
+        return {"failed": f"{where}: {e}"}
+    except Exception as e:  # a wrong shape, ids outside the vocabulary: the environment's fault, reported
         return {"error": f"{where}: {' '.join(str(e).split())}"}
 
 
@@ -183,8 +195,8 @@ def share(results: dict[int, dict], tp_group) -> dict[int, dict]:
 
 
 def apply_reset(x: Trajectory, res: dict, max_total: int) -> None:
-    if "error" in res or "timeout" in res:
-        x.done, x.timed_out, x.error = True, "timeout" in res, res.get("error")
+    if "error" in res or "timeout" in res or "failed" in res:
+        x.done, x.timed_out, x.error, x.failed = True, "timeout" in res, res.get("error"), res.get("failed")
         return
     ids = res["value"]
     if len(ids) >= max_total:
@@ -197,8 +209,8 @@ def apply_step(x: Trajectory, res: dict, turn: int, max_turns: int, max_total: i
     if "timeout" in res:
         x.done = x.timed_out = True
         return
-    if "error" in res:
-        x.done, x.error = True, res["error"]
+    if "error" in res or "failed" in res:
+        x.done, x.error, x.failed = True, res.get("error"), res.get("failed")
         return
     ids, reward, done = res["value"]
     x.env_reward += reward

@@ -22,7 +22,7 @@ from rlcore import models
 from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
 from rlcore.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.rollout import RolloutEngine, continuous
-from rlcore.rollout.collect import make_envs
+from rlcore.rollout.envs import make_envs
 from rlcore.rollout.turns import Trajectory, rollout, to_batch
 from rlcore.tasks.calculator import CalculatorEnv
 

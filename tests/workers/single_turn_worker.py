@@ -25,13 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def reference_sample(run, step, draw=0):
     cfg, G = run.cfg, run.cfg.rollout.group_size
-    rows = run.prompts.next_batch()
-    first = draw * cfg.rollout.prompts_per_step + run.group * len(rows)
+    rows = run.rollout.prompts.next_batch()
+    first = draw * cfg.rollout.prompts_per_step + run.rollout.group * len(rows)
     seeds = [collect.rollout_seed(cfg.seed, step, first + i, G) for i in range(len(rows))]
     samples = run.engine.generate([r["prompt_ids"] for r in rows], G, cfg.rollout.max_new_tokens,
                                   cfg.rollout.temperature, seeds)
     share = len(rows) // run.dims.tp
-    mine = slice(run.tp_rank * share, (run.tp_rank + 1) * share)
+    mine = slice(run.rollout.tp_rank * share, (run.rollout.tp_rank + 1) * share)
     rows, samples = rows[mine], samples[mine]
     pairs = [(r["prompt_ids"], s) for r, per_prompt in zip(rows, samples) for s in per_prompt]
     L = max(len(p) + len(s.token_ids) for p, s in pairs)
@@ -53,33 +53,33 @@ def reference_sample(run, step, draw=0):
 
 
 def reference_eval(run):
-    rows = run.eval_rows[run.group::run.dims.rollout_groups]
+    rows = run.rollout.eval_rows[run.rollout.group::run.dims.rollout_groups]
     max_tokens = run.cfg.rollout.eval_max_new_tokens or run.cfg.rollout.max_new_tokens
     outs = run.engine.llm.generate([{"prompt_token_ids": r["prompt_ids"]} for r in rows],
                                    SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     outs = [list(o.outputs[0].token_ids) for o in outs]
-    mine = [(r, o) for i, (r, o) in enumerate(zip(rows, outs)) if i % run.dims.tp == run.tp_rank]
+    mine = [(r, o) for i, (r, o) in enumerate(zip(rows, outs)) if i % run.dims.tp == run.rollout.tp_rank]
     completions = [run.tokenizer.decode(o, skip_special_tokens=True) for _, o in mine]
     prompts, columns = rewards.reward_inputs([r for r, _ in mine], run.cfg.data.prompt_column)
-    total, _ = rewards.score([(run.reward_fns[0][0], 1.0)], prompts, completions, columns)
+    total, _ = rewards.score([(run.rollout.reward_fns[0][0], 1.0)], prompts, completions, columns)
     return (total >= 1.0).sum().item(), len(mine)
 
 
 out_path, argv = sys.argv[1], sys.argv[2:]
 run = trainer.setup(parse_argv(argv, ROOT / "recipes"))
-stream, recorded = run.prompts.next_batch, []
+stream, recorded = run.rollout.prompts.next_batch, []
 checks = {}
 for step in (1, 2):
-    run.prompts.next_batch = lambda: recorded.append(stream()) or recorded[-1]
+    run.rollout.prompts.next_batch = lambda: recorded.append(stream()) or recorded[-1]
     new, _, _ = collect.sample(run, step)
     run.engine.llm.reset_prefix_cache()  # the reference computes every prompt afresh, as the first call did
-    run.prompts.next_batch = lambda: recorded[-1]
+    run.rollout.prompts.next_batch = lambda: recorded[-1]
     old = reference_sample(run, step)
     for f in ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs", "rewards"):
         checks[f"step{step}/{f}"] = torch.equal(getattr(new, f), getattr(old, f))
     checks[f"step{step}/budget"] = new.max_model_tokens == old.max_model_tokens
 new_eval = None
-if run.eval_rows:
+if run.rollout.eval_rows:
     new_eval = collect.evaluate(run)["eval/accuracy"]
     totals = torch.tensor(reference_eval(run), dtype=torch.float64)
     dist.all_reduce(totals)

@@ -18,7 +18,7 @@ from rlcore import models
 from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
 from rlcore.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.rollout import RolloutEngine
-from rlcore.rollout.collect import make_envs
+from rlcore.rollout.envs import make_envs
 from rlcore.rollout.turns import Trajectory, rollout, to_batch
 
 STEPS = Counter()  # (prompt, sample, turn) -> times this rank stepped it

@@ -7,7 +7,7 @@ in length (rank 0: 8-30 tokens, rank 1: 3-6).
    has to run dummies.
    For every loss aggregation mode and the budgets in BUDGETS, from the same weights: update.update (PPO:
    the clipped policy loss with TIS weights, and the critic; 2 mini-batches, so 2 SGD steps, no clipping,
-   each step's gradients recorded) and logprobs.forward_logprobs / forward_values. Records the largest
+   each step's gradients recorded) and forward.forward_logprobs / forward_values. Records the largest
    difference from the padded path (budget 0) and each rank's count of policy forwards.
 2. On-policy (1 mini-batch), an update that fills in the old logprobs itself gives the same gradients and
    metrics as one given them by a separate forward_logprobs pass, padded and packed; its before_step hook
@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from rlcore import logprobs, models, packing, update
+from rlcore import forward, models, packing, update
 from rlcore.algorithms.ppo import PPO
 from rlcore.batch import Batch
 from rlcore.config import Config, CriticConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
@@ -81,8 +81,8 @@ run = new_run(0, "token-mean")
 batch = Batch(input_ids, attention_mask, loss_mask, rollout_logprobs=-torch.rand(B, L - 1, generator=g),
               rewards=torch.zeros(B), group_size=1, max_model_tokens=32)
 # Old logprobs and values near the current ones (some ratios clip), random advantages and returns.
-batch.old_logprobs = logprobs.forward_logprobs(run, policy, batch) * loss_mask + noise(0.2)
-batch.values = logprobs.forward_values(run, batch) + noise(0.3)
+batch.old_logprobs = forward.forward_logprobs(run, policy, batch) * loss_mask + noise(0.2)
+batch.values = forward.forward_values(run, batch) + noise(0.3)
 batch.advantages, batch.returns = noise(1.0), noise(1.0)
 
 forwards = [0]
@@ -93,7 +93,7 @@ padded = None
 for budget in BUDGETS:  # the no-grad passes (old logprobs, values), before any weight changes
     run = new_run(budget, "token-mean")
     forwards[0] = 0
-    outputs = logprobs.forward_logprobs(run, policy, batch), logprobs.forward_values(run, batch)
+    outputs = forward.forward_logprobs(run, policy, batch), forward.forward_values(run, batch)
     result[f"{budget}/forward_passes/rank{rank}"] = forwards[0]
     padded = padded or outputs
     result[f"{budget}/forward_diff/rank{rank}"] = max((x - y)[scored].abs().max().item()
@@ -119,7 +119,7 @@ for agg in AGG_MODES:
         forwards[0] = 0
         metrics[budget] = update.update(run, batch)
         result[f"{agg}/{budget}/update_passes/rank{rank}"] = forwards[0]
-        for name, opt in (("policy", run.optimizer), ("critic", run.critic_optimizer)):
+        for name, opt in (("policy", run.trainer.optimizer), ("critic", run.trainer.critic_optimizer)):
             grads[name, budget] = opt.grads
             result[f"{agg}/{budget}/{name}_grad"] = max(
                 ((x - y).abs().max() / y.abs().max().clamp(min=1e-3)).item() for x, y in zip(opt.grads, grads[name, 0]))
@@ -140,7 +140,7 @@ for budget in BUDGETS[:2]:  # on-policy: old logprobs from a separate pass vs fr
         runs[separate] = new_run(budget, "token-mean", mini_batches=1)
         own = dataclasses.replace(batch, old_logprobs=None)
         if separate:
-            own.old_logprobs = logprobs.forward_logprobs(runs[separate], policy, own)
+            own.old_logprobs = forward.forward_logprobs(runs[separate], policy, own)
             for m in (policy, critic):
                 m.reshard()
 
