@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from rlcore import lora
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
+from rlcore.corrections import rollout_kl
 from rlcore.forward import forward_logprobs, forward_values, takes_old_logprobs
 
 if TYPE_CHECKING:
@@ -25,14 +26,15 @@ class DriftCheck:
 
     def __init__(self, batch: Batch, threshold: float, step: int):
         self.batch, self.threshold, self.step = batch, threshold, step
-        self.done, self.sum, self.tokens, self.max = False, 0.0, 0.0, 0.0
+        self.done, self.sum, self.tokens, self.max, self.kl = False, 0.0, 0.0, 0.0, 0.0
 
     def __call__(self) -> None:
         if self.done:
             return
         self.done, b = True, self.batch
         diff = (b.old_logprobs - b.rollout_logprobs).abs() * b.loss_mask  # [B, T]
-        self.sum, self.tokens = all_sum(diff.sum().item(), b.loss_mask.sum().item())
+        kl = rollout_kl(b.old_logprobs, b.rollout_logprobs, b.loss_mask)  # [B, T]
+        self.sum, self.tokens, self.kl = all_sum(diff.sum().item(), b.loss_mask.sum().item(), kl.sum().item())
         self.max = all_max(diff.max().item())
         if self.max > self.threshold:
             raise RunError(f"rollout/logprob_diff_max={self.max:.3g} exceeds rollout.logprob_diff_threshold="
@@ -40,7 +42,9 @@ class DriftCheck:
                            f"corrupted weights (weight sync failed)")
 
     def metrics(self) -> dict[str, float]:
-        return {"rollout/logprob_diff_mean": self.sum / max(self.tokens, 1.0), "rollout/logprob_diff_max": self.max}
+        # rollout/kl: k3 estimate of KL(pi_rollout || pi_old) per token, the mismatch the corrections face.
+        return {"rollout/logprob_diff_mean": self.sum / max(self.tokens, 1.0), "rollout/logprob_diff_max": self.max,
+                "rollout/kl": self.kl / max(self.tokens, 1.0)}
 
 
 def prepare(run: Run, batch: Batch, step: int, on_policy: bool = True) -> tuple[DriftCheck, dict[str, float]]:

@@ -10,6 +10,7 @@ from outside, one `fully_shard` per decoder layer plus the root, the same for al
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -152,6 +153,11 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
     model.train(trainable)
     model.requires_grad_(trainable)
     return model
+
+
+def reference_config(model: ModelConfig, teacher: str) -> ModelConfig:
+    """The frozen reference model's settings: the policy's, or its path swapped for a distillation teacher's."""
+    return dataclasses.replace(model, path=teacher) if teacher else model
 
 
 def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:

@@ -1,7 +1,8 @@
 """Objective building blocks shared by every algorithm: KL estimators (as a loss term or a reward penalty),
-the clipped surrogate, truncated importance sampling, loss aggregation, masked (and globally reduced)
+the clipped surrogate, group advantages, loss aggregation, masked (and globally reduced)
 statistics, and `PolicyLoss`, the clipped policy-gradient loss every algorithm's `loss` is. Algorithms
-(rlcore/algorithms/*.py) compose these; none is defined twice.
+(rlcore/algorithms/*.py) compose these; none is defined twice. The mismatch corrections PolicyLoss applies
+are rlcore.corrections.
 
 The normalisation contract (why the gradient does not depend on how a step's batch is split)
 -------------------------------------------------------------------------------------------------
@@ -19,6 +20,7 @@ global count), so the trainer sums it over micro-batches and ranks to get the st
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,11 +28,10 @@ import torch
 
 from rlcore.algorithms.base import Algorithm
 from rlcore.batch import Batch, Normaliser
+from rlcore.corrections import SEQ_MASKS, TIS_LEVELS, TIS_MODES, sequence_keep, tis_weights
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-TIS_LEVELS = ("token", "sequence")
-TIS_MODES = ("truncate", "mask")
 
 # Sums a tensor over every rank (an all-reduce); the identity in a single process.
 Reduce = Callable[[torch.Tensor], torch.Tensor]
@@ -38,6 +39,23 @@ Reduce = Callable[[torch.Tensor], torch.Tensor]
 
 def no_reduce(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """Group-relative advantage per sequence (GRPO, GSPO): reward minus its group's mean, over the group's std
+    if `scale`.
+
+    Example, group_size 4: rewards [1, 0, 0, 1, 1, 1, 1, 1] -> group 1 mean 0.5, std sqrt(1/3) = 0.577
+    -> [0.866, -0.866, -0.866, 0.866, 0, 0, 0, 0]; an all-equal group teaches nothing. scale=False:
+    [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0].
+    """
+    if rewards.shape[0] % group_size:
+        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
+    groups = rewards.float().view(-1, group_size)  # [B / G, G]
+    adv = groups - groups.mean(-1, keepdim=True)  # [B / G, G]
+    if scale:
+        adv = adv / (groups.std(-1, keepdim=True) + eps)
+    return adv.view(-1)  # [B]
 
 
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -123,32 +141,6 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, reduce: Reduce = no_reduc
     return ((x - mean) if shift_mean else x) / (std + eps) * m
 
 
-def tis_weights(old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, loss_mask: torch.Tensor, cap: float,
-                level: str = "token", mode: str = "truncate") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Truncated importance sampling for the sampler/trainer mismatch: the engine sampled from pi_rollout, the
-    trainer's loss assumes pi_old. Weight w = pi_old / pi_rollout, per token or per sequence (the product over
-    its response tokens), then
-
-        truncate: min(w, cap)           mask: w where w <= cap, else 0 (the token or sequence is dropped)
-
-    Returns (weights [B, T] detached, raw w [B, T], truncated [B, T] bool), 0 / False outside the mask.
-    Example (token, cap 2): old - rollout = [0.0, 1.0, -1.0] -> w = [1, 2.718, 0.368];
-    truncate -> [1, 2, 0.368]; mask -> [1, 0, 0.368]; the middle token counts as truncated.
-    """
-    if level not in TIS_LEVELS:
-        raise ValueError(f"unknown importance-sampling level {level!r}; valid: {', '.join(TIS_LEVELS)}")
-    if mode not in TIS_MODES:
-        raise ValueError(f"unknown importance-sampling mode {mode!r}; valid: {', '.join(TIS_MODES)}")
-    m = loss_mask.to(old_logprobs.dtype)
-    log_w = (old_logprobs - rollout_logprobs).detach() * m  # [B, T]
-    if level == "sequence":
-        log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)  # [B, T], the sequence's weight on each token
-    w = torch.exp(log_w) * m  # [B, T]
-    truncated = (w > cap) & (m > 0)  # [B, T]
-    weights = torch.where(truncated, torch.full_like(w, cap if mode == "truncate" else 0.0), w)
-    return weights, w, truncated
-
-
 def token_rewards(rewards: torch.Tensor, loss_mask: torch.Tensor, kl: torch.Tensor | None = None,
                   kl_coef: float = 0.0) -> torch.Tensor:
     """Per-token rewards [B, T] for a return: the sequence reward on its last response token, minus
@@ -220,14 +212,16 @@ def aggregate(
 class PolicyLoss(Algorithm):
     """The clipped policy-gradient loss, with every knob the algorithms share. GRPO, PPO and REINFORCE++
     subclass it and add how they compute advantages; their `loss` is this one (the rest of the contract:
-    rlcore.algorithms.base.Algorithm).
+    rlcore.algorithms.base.Algorithm). GSPO and CISPO replace only `surrogate`.
 
-        per token:  TIS weight * clipped_surrogate(ratio, A)  +  kl_coef * KL_est(pi_theta || pi_ref)
+        per token:  correction weight * surrogate(ratio, A)  +  kl_coef * KL_est(pi_theta || pi_ref)
         reduced:    aggregate(per token, loss_agg)
 
+    The correction (rlcore.corrections) is an importance weight (tis_*) and / or a sequence mask (seq_mask*).
     Metrics (token means unless said): policy/pg_loss (aggregated like the loss), policy/clip_frac,
-    policy/kl (k3 KL(pi_theta || pi_old): how far the update moved), policy/ref_kl (when kl_coef > 0),
-    policy/is_weight_mean and policy/is_truncated_frac (when tis_cap > 0).
+    policy/kl (k3 KL(pi_theta || pi_old): how far the update moved), policy/ref_kl (when kl_coef > 0); with
+    tis_cap > 0 policy/is_weight_mean, policy/is_weight_max (the raw weights) and policy/is_truncated_frac
+    (tokens truncated or masked); with seq_mask policy/seq_masked_frac (a share of the sequences).
     """
 
     clip_low: float = 0.2  # ratio floor is 1 - clip_low
@@ -236,9 +230,17 @@ class PolicyLoss(Algorithm):
     kl_coef: float = 0.0  # weight of KL(pi_theta || pi_ref) as a per-token loss term; 0 = none
     kl_estimator: str = "k3"  # estimator for that loss term: k1 | k2 | k3
     loss_agg: str = "token-mean"  # token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    tis_cap: float = 0.0  # truncated importance sampling pi_old / pi_rollout capped at this (e.g. 2); 0 = off
-    tis_level: str = "token"  # token | sequence: weight each token, or each sequence by its product
-    tis_mode: str = "truncate"  # truncate (min(w, cap)) | mask (drop where w > cap)
+    # Importance weight pi_old / pi_rollout for the engine-trainer mismatch (rlcore.corrections): truncated
+    # at (or, tis_mode=mask, dropped above) this cap, e.g. 2; 0 = off.
+    tis_cap: float = 0.0
+    tis_low: float = 0.0  # tis_mode=mask only: also drop weights below this (IcePop: 0.5 with tis_cap 5); 0 = none
+    tis_level: str = "token"  # token | sequence (product of the ratios) | geometric (their geometric mean)
+    tis_mode: str = "truncate"  # truncate (min(w, cap)) | mask (w inside [tis_low, tis_cap], else 0)
+    # Drop whole sequences (weight 1 or 0) whose geometric-mean or product ratio pi_old / pi_rollout leaves
+    # [seq_mask_low, seq_mask_high]: "" (off) | geometric | product
+    seq_mask: str = ""
+    seq_mask_low: float = 0.99  # lower bound of the kept ratio (SkyRL's geometric default 0.99)
+    seq_mask_high: float = 1.01  # upper bound of the kept ratio (SkyRL's geometric default 1.01)
 
     def validate(self, cfg) -> None:
         """Raise ValueError naming the first bad field (fields of the loss; subclasses add their own)."""
@@ -246,21 +248,38 @@ class PolicyLoss(Algorithm):
             if getattr(self, name) < 0:
                 raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)}): a negative value "
                                  f"inverts the ratio range [1 - clip_low, 1 + clip_high]")
-        for name in ("kl_coef", "tis_cap"):
-            if getattr(self, name) < 0:
+        for name in ("kl_coef", "tis_cap", "tis_low"):
+            if not getattr(self, name) >= 0:
                 raise ValueError(f"algorithm.{name} must be >= 0 (got {getattr(self, name)})")
+        self.validate_clip()
+        for name, valid in (("loss_agg", AGG_MODES), ("kl_estimator", KL_ESTIMATORS), ("tis_level", TIS_LEVELS),
+                            ("tis_mode", TIS_MODES), ("seq_mask", SEQ_MASKS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"algorithm.{name} must be one of {', '.join(v or '(empty: off)' for v in valid)} "
+                                 f"(got {getattr(self, name)!r})")
+        self.validate_corrections()
+
+    def validate_clip(self) -> None:
+        """The clip range and dual clip of `surrogate` (a loss with another surrogate checks its own)."""
         if self.clip_low >= 1:
             raise ValueError(f"algorithm.clip_low must be < 1 so the ratio floor 1 - clip_low stays positive "
                              f"(got {self.clip_low})")
         if self.dual_clip and self.dual_clip <= 1 + self.clip_high:
             raise ValueError(f"algorithm.dual_clip must be 0 (off) or > 1 + clip_high = {1 + self.clip_high:g}, "
                              f"above the ratio ceiling (got {self.dual_clip})")
+
+    def validate_corrections(self) -> None:
         if 0 < self.tis_cap < 1:
             raise ValueError(f"algorithm.tis_cap must be 0 (off) or >= 1 (got {self.tis_cap})")
-        for name, valid in (("loss_agg", AGG_MODES), ("kl_estimator", KL_ESTIMATORS), ("tis_level", TIS_LEVELS),
-                            ("tis_mode", TIS_MODES)):
-            if getattr(self, name) not in valid:
-                raise ValueError(f"algorithm.{name} must be one of {', '.join(valid)} (got {getattr(self, name)!r})")
+        if self.tis_low and (self.tis_mode != "mask" or not self.tis_cap):
+            raise ValueError(f"algorithm.tis_low={self.tis_low:g} is a mask's lower bound: it needs tis_mode=mask "
+                             f"and tis_cap > 0")
+        if self.tis_low >= 1:
+            raise ValueError(f"algorithm.tis_low must be in [0, 1) and below tis_cap={self.tis_cap:g} "
+                             f"(got {self.tis_low})")
+        if self.seq_mask and not 0 < self.seq_mask_low < 1 < self.seq_mask_high < math.inf:
+            raise ValueError(f"algorithm.seq_mask_low and seq_mask_high must satisfy 0 < low < 1 < high < inf "
+                             f"(got [{self.seq_mask_low}, {self.seq_mask_high}])")
 
     @property
     def needs_reference(self) -> bool:
@@ -268,7 +287,30 @@ class PolicyLoss(Algorithm):
 
     @property
     def corrects_off_policy(self) -> bool:
-        return self.tis_cap > 0
+        return self.tis_cap > 0 or bool(self.seq_mask)
+
+    def surrogate(self, logprobs: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-token policy loss [B, T], clipped [B, T] bool): PPO's clipped surrogate on batch.advantages."""
+        return clipped_surrogate(logprobs, batch.old_logprobs, batch.advantages, self.clip_low, self.clip_high,
+                                 self.dual_clip or None)
+
+    def correction(self, batch: Batch, norm: Normaliser) -> tuple[torch.Tensor | None, dict]:
+        """The mismatch weights [B, T] (None when every correction is off) and their metrics."""
+        mask, metrics, weights = batch.loss_mask, {}, None
+        tokens = max(norm.tokens, 1.0)
+        if self.tis_cap > 0:
+            weights, raw, cut = tis_weights(batch.old_logprobs, batch.rollout_logprobs, mask, self.tis_cap,
+                                            self.tis_level, self.tis_mode, self.tis_low)  # [B, T] x3
+            metrics["policy/is_weight_mean"] = masked_sum(raw, mask) / tokens
+            metrics["policy/is_weight_max"] = (raw * mask).max() if raw.numel() else torch.zeros(())
+            metrics["policy/is_truncated_frac"] = masked_sum(cut.float(), mask) / tokens
+        if self.seq_mask:
+            keep = sequence_keep(batch.old_logprobs, batch.rollout_logprobs, mask, self.seq_mask, self.seq_mask_low,
+                                 self.seq_mask_high)  # [B, 1]
+            has_tokens = (mask.sum(-1, keepdim=True) > 0).to(keep.dtype)  # [B, 1]
+            metrics["policy/seq_masked_frac"] = ((1 - keep) * has_tokens).sum() / max(norm.sequences, 1.0)
+            weights = keep.expand_as(mask) if weights is None else weights * keep
+        return weights, metrics
 
     def loss(self, batch: Batch, logprobs: torch.Tensor, norm: Normaliser) -> tuple[torch.Tensor, dict]:
         """This micro-batch's loss contribution and metrics; `logprobs` [B, T] carry the gradient, every other
@@ -276,15 +318,10 @@ class PolicyLoss(Algorithm):
         mask, tokens = batch.loss_mask, max(norm.tokens, 1.0)
         # Dr.GRPO's constant divisor: the generation budget, the same on every rank and micro-batch.
         max_len = norm.max_len or mask.shape[1]
-        pg, clipped = clipped_surrogate(logprobs, batch.old_logprobs, batch.advantages, self.clip_low,
-                                        self.clip_high, self.dual_clip or None)  # [B, T] x2
-        metrics = {}
-        if self.tis_cap > 0:
-            weights, raw, truncated = tis_weights(batch.old_logprobs, batch.rollout_logprobs, mask, self.tis_cap,
-                                                  self.tis_level, self.tis_mode)  # [B, T] x3
+        pg, clipped = self.surrogate(logprobs, batch)  # [B, T] x2
+        weights, metrics = self.correction(batch, norm)
+        if weights is not None:
             pg = pg * weights
-            metrics["policy/is_weight_mean"] = masked_sum(raw, mask) / tokens
-            metrics["policy/is_truncated_frac"] = masked_sum(truncated.float(), mask) / tokens
         per_token = pg  # [B, T]
         with torch.no_grad():
             metrics["policy/pg_loss"] = aggregate(pg, mask, self.loss_agg, norm, max_len)

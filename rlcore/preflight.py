@@ -113,6 +113,9 @@ def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
         if spec.model:
             models.check_reward_model(spec.model, f"rewards[{i}].model")
             weights[f"rewards[{i}].model"] = spec.model
+    if cfg.algorithm.teacher:
+        check_teacher(cfg.algorithm.teacher, cfg.model.path, hf_config)
+        weights["algorithm.teacher"] = cfg.algorithm.teacher
     if models_of(cfg).critic and cfg.critic.path != "policy":
         if not models.is_value_model(cfg.critic.path):
             models.check_model(cfg.critic.path, "critic.path")  # a backbone to put a new value head on
@@ -153,6 +156,22 @@ def check_running(cfg: Config, hf_config, max_model_len: int, kv_bytes: int | No
         raise ValueError(f"{key} = {running} sequences do not fit the engine's KV cache: {budget / 2**20:,.0f} MiB "
                          f"holds {fits} sequences of {max_model_len} tokens ({per_sequence / 2**10:,.0f} KiB each); "
                          f"valid: {r.group_size}-{fits}")
+
+
+def check_teacher(teacher: str, student: str, student_config) -> None:
+    """A distillation teacher scores the student's token ids: it must load and share the tokenizer (the same
+    vocabulary size, token -> id map and special tokens); equal sizes alone are not enough."""
+    teacher_config = models.check_model(teacher, "algorithm.teacher")
+    mine, theirs = load_tokenizer(student), load_tokenizer(teacher, "algorithm.teacher")
+    special = ("bos_token_id", "eos_token_id", "pad_token_id")
+    for what, a, b in (("vocab_size", student_config.vocab_size, teacher_config.vocab_size),
+                       ("tokenizer", mine.get_vocab(), theirs.get_vocab()),
+                       ("special tokens", [getattr(mine, s) for s in special], [getattr(theirs, s) for s in special])):
+        if a != b:
+            shown = f" ({b} vs the student's {a})" if what != "tokenizer" else " (another token -> id map)"
+            raise ValueError(f"algorithm.teacher '{teacher}' has another {what} than model.path{shown}: on-policy "
+                             f"distillation compares both models' logprobs of the same token ids, so the teacher "
+                             f"must share the student's tokenizer")
 
 
 def check_plan(cfg: Config, world: int, nproc_per_node: int) -> tuple[plan.Plan | None, str]:

@@ -29,7 +29,7 @@ batch's. The data order and the seeds are those of the colocated run (seeds from
 Off-policy samples (k >= 1): the update's old logprobs are the trainer's own under the weights it steps from
 (the proximal policy), the engine's are the behaviour policy's, and the loss is the decoupled PPO objective
 (AReaL): the clipped ratio pi / pi_old times the behaviour weight pi_old / pi_rollout truncated at
-algorithm.tis_cap (rlcore.objectives.tis_weights).
+algorithm.tis_cap (rlcore.corrections.tis_weights).
 """
 from __future__ import annotations
 

@@ -69,8 +69,9 @@ def setup(cfg: Config) -> Run:
                                                   total_optimizer_steps(cfg))
     trainer = Trainer(policy, optimizer, scheduler, group=fsdp_mesh.get_group() if dims.split else None)
     # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
-    if held.reference == "copy":
-        trainer.reference = models.shard(models.load_causal_lm(cfg.model, trainable=False), fsdp_mesh, cfg.model,
+    if held.reference == "copy":  # the policy's starting weights, or a distillation teacher
+        reference = models.reference_config(cfg.model, cfg.algorithm.teacher)
+        trainer.reference = models.shard(models.load_causal_lm(reference, trainable=False), fsdp_mesh, cfg.model,
                                          frozen=True)
     if held.critic:
         trainer.critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
@@ -96,7 +97,7 @@ def setup(cfg: Config) -> Run:
     logger.print(f"rlcore: models: actor {cfg.model.path} (trained{adapters}) | critic "
                  + (f"{cfg.model.path if cfg.critic.path == 'policy' else cfg.critic.path} + value head (trained)"
                     if held.critic else "none")
-                 + " | reference " + {"copy": f"{cfg.model.path} (frozen{offload})",
+                 + " | reference " + {"copy": f"{cfg.algorithm.teacher or cfg.model.path} (frozen{offload})",
                                       "adapters_off": "the actor with adapters off (no copy)",
                                       "none": "none"}[held.reference]
                  + " | reward " + ", ".join([f"{rewards.fn_name(f)} x{w:g}" for f, w in reward_fns]

@@ -9,7 +9,7 @@ import torch
 
 from rlcore import models
 from rlcore.batch import Batch, Normaliser
-from rlcore.collectives import all_sum
+from rlcore.collectives import all_max, all_sum
 from rlcore.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
 from rlcore.objectives import local_normaliser
 from rlcore.parallel import device_type
@@ -65,7 +65,9 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
                     loss_sum += value_loss.item()
                     metrics |= value_metrics
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+                    # A metric named *_max is a maximum (over micro-batches, ranks and optimizer steps).
+                    v = float(v)
+                    sums[k] = max(sums.get(k, -math.inf), v) if k.endswith("_max") else sums.get(k, 0.0) + v
             if before_step is not None:
                 before_step()
             grad_norms.append(models.clip_grad_norm(tr.policy, cfg.optim.max_grad_norm))
@@ -85,10 +87,11 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
                     opt.step()
                     sched.step()
                     opt.zero_grad(set_to_none=True)
-    keys = sorted(sums)
+    keys = sorted(k for k in sums if not k.endswith("_max"))
     totals = all_sum(*(sums[k] for k in keys))
     n_steps = len(grad_norms)
     out = {k: v / n_steps for k, v in zip(keys, totals)}
+    out |= {k: all_max(sums[k]) for k in sorted(sums) if k.endswith("_max")}
     out["policy/grad_norm"] = sum(grad_norms) / n_steps
     out["optim/lr"] = tr.scheduler.get_last_lr()[0]
     if value_grad_norms:

@@ -22,6 +22,10 @@ VARIANTS = {
     "ppo": ("recipe=ppo_tiny",),
     "reinforce_pp": ("recipe=reinforce_pp_tiny",),
     "reinforce_pp_baseline": ("recipe=reinforce_pp_tiny", "algorithm.baseline=true"),
+    "gspo": ("recipe=gspo_tiny",),
+    # with the IcePop token mask and the geometric sequence mask on: their metrics, every step
+    "cispo": ("recipe=cispo_tiny",),
+    "distill": ("recipe=distill_tiny",),
 }
 
 
@@ -56,6 +60,20 @@ def test_algorithm_learns_the_tiny_task(variant, tmp_path):
         # the policy starts as the reference (KL 0), then moves away from it (k1 can be negative per token)
         assert rows[1]["reward/kl_penalty"] == 0.0 and abs(rows[-1]["reward/kl_penalty"]) > 1e-6
         assert "reference " + config["model"]["path"] in proc.stdout + proc.stderr
+    if variant == "gspo":
+        # the second mini-batch of each step sees ratios other than 1: whole sequences leave the 4e-4 window
+        assert max(r["policy/clip_frac"] for r in rows[1:]) > 0.05
+    if variant == "cispo":
+        # engine and trainer agree to 1e-3 in fp32: the weights stay at 1, nothing is masked, the KL is ~0
+        for r in rows[1:]:
+            assert abs(r["policy/is_weight_max"] - 1) < 2e-3 and abs(r["policy/is_weight_mean"] - 1) < 1e-3
+            assert r["policy/is_truncated_frac"] == 0 and r["policy/seq_masked_frac"] == 0
+            assert -1e-9 <= r["rollout/kl"] < 1e-6
+    if variant == "distill":
+        # the student moves towards the teacher: the sampled reverse KL falls
+        assert rows[-1]["distill/reverse_kl"] < 0.6 * rows[1]["distill/reverse_kl"], [r["distill/reverse_kl"]
+                                                                                     for r in rows[1:]]
+        assert "reference " + config["algorithm"]["teacher"] + " (frozen)" in proc.stdout + proc.stderr
 
 
 def test_dynamic_sampling_that_cannot_fill_the_batch_stops(tmp_path):

@@ -147,6 +147,24 @@ def test_bad_values(entry, tmp_path, override, says):
     assert says in rejected(proc, tmp_path / "runs")
 
 
+@pytest.mark.parametrize("overrides, says", [
+    (["algorithm.seq_mask=geometric", "algorithm.seq_mask_low=1.02"],
+     "algorithm.seq_mask_low and seq_mask_high must satisfy 0 < low < 1 < high < inf (got [1.02, 1.01])"),
+    (["algorithm.seq_mask=product", "algorithm.seq_mask_low=0"], "0 < low < 1 < high < inf (got [0.0, 1.01])"),
+    (["algorithm.seq_mask=product", "algorithm.seq_mask_high=inf"], "0 < low < 1 < high < inf (got [0.99, inf])"),
+    (["algorithm.seq_mask=mean"], "algorithm.seq_mask must be one of (empty: off), geometric, product (got 'mean')"),
+    (["algorithm.tis_cap=5", "algorithm.tis_low=0.5"], "algorithm.tis_low=0.5 is a mask's lower bound: it needs "
+                                                       "tis_mode=mask and tis_cap > 0"),
+    (["algorithm.tis_cap=5", "algorithm.tis_mode=mask", "algorithm.tis_low=-1"], "algorithm.tis_low must be >= 0"),
+    (["algorithm.tis_cap=0.5"], "algorithm.tis_cap must be 0 (off) or >= 1 (got 0.5)"),
+    (["algorithm.tis_level=batch"], "algorithm.tis_level must be one of token, sequence, geometric (got 'batch')"),
+])
+def test_bad_mismatch_corrections(entry, tmp_path, overrides, says):
+    """The mismatch corrections (rlcore.corrections) are options of every algorithm's loss: GRPO's here."""
+    proc = entry.train("recipe=demo", *overrides, f"output_dir={tmp_path}/runs")
+    assert says in rejected(proc, tmp_path / "runs")
+
+
 # ------------------------------------------------------------------------------------ (c) outputs
 
 @pytest.mark.parametrize("where, says", [

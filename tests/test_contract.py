@@ -34,9 +34,12 @@ def test_defaults_of_the_base():
     (PolicyLoss(), "algorithm PolicyLoss does not implement advantages()"),
     (WithCritic(), "algorithm WithCritic does not implement returns()"),
     (type("NoLoss", (Algorithm,), {"advantages": Fork.advantages})(), "algorithm NoLoss does not implement loss()"),
-    (type("Flag", (Fork,), {"dynamic_sampling": True})(), "algorithm Flag: dynamic_sampling must be an integer (got True)"),
+    (type("Flag", (Fork,), {"dynamic_sampling": True})(),
+     "algorithm Flag: dynamic_sampling must be an integer (got True)"),
     (type("Flag", (Fork,), {"needs_critic": 1})(), "algorithm Flag: needs_critic must be true or false (got 1)"),
-    (type("Duck", (), {"advantages": Fork.advantages, "loss": PolicyLoss.loss})(), "algorithm Duck has no needs_critic"),
+    (type("Flag", (Fork,), {"teacher": None})(), "algorithm Flag: teacher must be a string (got None)"),
+    (type("Duck", (), {"advantages": Fork.advantages, "loss": PolicyLoss.loss})(),
+     "algorithm Duck has no needs_critic"),
 ])
 def test_a_missing_piece_is_one_line(algorithm, says):
     with pytest.raises(ValueError) as e:

@@ -15,10 +15,11 @@ from conftest import ROOT
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 # The algorithm, and a tiny recipe of another algorithm that must survive it (and, with GRPO gone, takes a step).
-ALGORITHMS = {"grpo": "ppo_tiny", "ppo": "demo", "reinforce_pp": "demo"}
+ALGORITHMS = {"grpo": "ppo_tiny", "ppo": "demo", "reinforce_pp": "demo", "gspo": "demo", "cispo": "demo",
+              "distill": "demo"}
 # Unit-test files (no engine, no extra processes) run in the copy; a deleted one is skipped.
 UNIT_TESTS = ["test_objectives.py", "test_cli.py", "test_recipes.py", "test_grpo.py", "test_ppo.py",
-              "test_rewards.py", "test_data.py"]
+              "test_rewards.py", "test_data.py", "test_contract.py", "test_corrections.py"]
 
 CHECK = """
 import importlib, pkgutil, sys

@@ -7,25 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, group_advantages, overlong_penalty
+from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, overlong_penalty
 from rlcore.batch import Batch
 from rlcore.config import Config
 from rlcore.objectives import local_normaliser
 
 LOG_HALF, LOG_1_5 = math.log(0.5), math.log(1.5)
-
-
-def test_group_advantages():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
-    # group 1: mean 0.5, sample std sqrt(4 * 0.25 / 3) = sqrt(1/3); 0.5 / sqrt(1/3) = 0.866025
-    # group 2: all equal -> 0 (the eps keeps 0 / 0 away)
-    a = 0.5 / math.sqrt(1 / 3)
-    expected = torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0])
-    torch.testing.assert_close(group_advantages(rewards, 4), expected, atol=1e-5, rtol=0)
-    unscaled = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
-    torch.testing.assert_close(group_advantages(rewards, 4, scale=False), unscaled)
-    with pytest.raises(ValueError, match="groups of 3"):
-        group_advantages(rewards, 3)
 
 
 def _batch(**fields) -> Batch:

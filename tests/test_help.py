@@ -48,6 +48,17 @@ def test_help_lists_every_field_with_type_value_and_doc():
     assert "  rollout.group_size = 8  (int)" in text.splitlines()
 
 
+def test_every_algorithm_key_of_every_recipe_is_documented():
+    """Each recipe's algorithm (whichever module it comes from) documents every field where it is declared."""
+    from rlcore.cli import available_recipes
+
+    recipes = available_recipes(ROOT / "recipes")
+    undocumented = [f"{name}: {key}" for name in recipes
+                    for _, key, tp, _, doc in config_help.keys(load_recipe(name, ROOT / "recipes"))
+                    if key.startswith("algorithm.") and not tp.startswith("section") and not doc]
+    assert len(recipes) > 10 and undocumented == []
+
+
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / "launch" / script), *args], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)

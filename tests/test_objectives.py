@@ -15,9 +15,10 @@ from rlcore.objectives import (
     masked_sum,
     masked_whiten,
     PolicyLoss,
-    tis_weights,
+    group_advantages,
     token_rewards,
 )
+from rlcore.corrections import tis_weights
 
 LOG_HALF = math.log(0.5)
 
@@ -232,3 +233,16 @@ def test_whiten_with_reduce_uses_global_moments():
     torch.testing.assert_close(got, torch.tensor([[-3.0, -1.0]]) / math.sqrt(5), atol=1e-6, rtol=0)
     got = masked_whiten(a, mask, reduce=lambda t: t + moments(b), shift_mean=False)
     torch.testing.assert_close(got, torch.tensor([[1.0, 3.0]]) / math.sqrt(5), atol=1e-6, rtol=0)
+
+
+def test_group_advantages():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    # group 1: mean 0.5, sample std sqrt(4 * 0.25 / 3) = sqrt(1/3); 0.5 / sqrt(1/3) = 0.866025
+    # group 2: all equal -> 0 (the eps keeps 0 / 0 away)
+    a = 0.5 / math.sqrt(1 / 3)
+    expected = torch.tensor([a, -a, -a, a, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(group_advantages(rewards, 4), expected, atol=1e-5, rtol=0)
+    unscaled = torch.tensor([0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(group_advantages(rewards, 4, scale=False), unscaled)
+    with pytest.raises(ValueError, match="groups of 3"):
+        group_advantages(rewards, 3)

@@ -36,6 +36,10 @@ class Algorithm:
     dynamic_sampling: int = 0
     # The loss corrects for samples drawn by another policy than pi_old (rollout.max_staleness needs it).
     corrects_off_policy: bool = False
+    # A frozen teacher's folder (on-policy distillation): it is built in the reference model's place, so
+    # batch.ref_logprobs are its logprobs; it must share the policy's tokenizer. "" = the reference (if any)
+    # is the policy's starting weights.
+    teacher: str = ""
 
     def validate(self, cfg) -> None:
         """Raise ValueError naming the first bad field of `cfg` (a rlcore.config.Config) or of self."""
@@ -62,7 +66,7 @@ class Algorithm:
 # (name, what it must be): a flag's type; "method" (the default may stay), "hook" (the algorithm must write
 # it), "critic hook" (must write it when needs_critic).
 CONTRACT = (("needs_critic", bool), ("needs_reference", bool), ("advantages_use_old_logprobs", bool),
-            ("dynamic_sampling", int), ("corrects_off_policy", bool),
+            ("dynamic_sampling", int), ("corrects_off_policy", bool), ("teacher", str),
             ("validate", "method"), ("advantages", "hook"), ("loss", "hook"),
             ("returns", "critic hook"), ("value_loss", "critic hook"))
 
@@ -84,8 +88,8 @@ def check(algorithm) -> None:
         value = getattr(algorithm, key)
         if isinstance(kind, type):
             if not isinstance(value, kind) or kind is int and isinstance(value, bool):
-                raise ValueError(f"algorithm {name}: {key} must be {'an integer' if kind is int else 'true or false'} "
-                                 f"(got {value!r})")
+                what = {int: "an integer", bool: "true or false", str: "a string"}[kind]
+                raise ValueError(f"algorithm {name}: {key} must be {what} (got {value!r})")
         elif not callable(value) or kind != "method" and getattr(type(algorithm), key, None) is getattr(Algorithm, key):
             raise ValueError(f"algorithm {name} does not implement {key}(): see its docstring in "
                              f"rlcore.algorithms.base.Algorithm")

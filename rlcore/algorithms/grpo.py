@@ -30,23 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import PolicyLoss, Reduce, no_reduce
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """Group-relative advantage per sequence: reward minus its group's mean, over the group's std if `scale`.
-
-    Example, group_size 4: rewards [1, 0, 0, 1, 1, 1, 1, 1] -> group 1 mean 0.5, std sqrt(1/3) = 0.577
-    -> [0.866, -0.866, -0.866, 0.866, 0, 0, 0, 0]; an all-equal group teaches nothing. scale=False:
-    [0.5, -0.5, -0.5, 0.5, 0, 0, 0, 0].
-    """
-    if rewards.shape[0] % group_size:
-        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
-    groups = rewards.float().view(-1, group_size)  # [B / G, G]
-    adv = groups - groups.mean(-1, keepdim=True)  # [B / G, G]
-    if scale:
-        adv = adv / (groups.std(-1, keepdim=True) + eps)
-    return adv.view(-1)  # [B]
+from rlcore.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

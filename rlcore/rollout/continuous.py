@@ -14,8 +14,9 @@ vLLM seeds s + j: the trajectory's own seed, so both sample alike). What changes
 So batches depend on tool timing: a sample can differ in its last bits from run to run (vLLM's numerics
 vary with the batch), though its seed does not.
 
-Environment calls never run on the main thread: `step` in a thread pool, `async def step` on one event loop
-in a background thread, each at most rollout.env_workers at once. The main loop never waits on a call
+Environment calls never run on the main thread (rlcore.rollout.env.EnvRunner, shared with the lockstep loop):
+`step` on daemon threads, `async def step` on one event loop in a background thread, each at most
+rollout.env_workers at once. The main loop never waits on a call
 without a deadline, so a stuck tool cannot stall the step: it ends its trajectory after
 rollout.env_timeout_s (timed out, reward 0), rollout.trajectory_timeout_s or rollout.step_deadline_s
 (truncated: its in-flight request is aborted, a pending observation dropped; it ends on its last model turn).
@@ -41,22 +42,14 @@ The loop ends when every trajectory is done, a state every rank derives from the
 """
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures as cf
-import inspect
 import itertools
 import math
-import queue
-import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import torch.distributed as dist
 
-from rlcore.config import RolloutConfig
-from rlcore.errors import describe
-from rlcore.rollout.env import Limits, Outcome, awithin, within
+from rlcore.rollout.env import EnvRunner
 from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome, start,
                                   turn_seed)
 
@@ -75,108 +68,6 @@ class ContinuousStats(TurnStats):
     env_calls: int = 0  # environment calls this rank finished (resets and steps)
     deadline_truncated: int = 0  # trajectories (of the whole group) ended by rollout.step_deadline_s
     budget_truncated: int = 0  # ... by rollout.trajectory_timeout_s
-
-
-class EnvRunner:
-    """This rank's environment calls off the main thread: plain functions on `workers` daemon threads, coroutine
-    functions on one asyncio loop in a background thread, at most `workers` of each running at once.
-
-        runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
-
-    Daemon threads, not a ThreadPoolExecutor: the executor's threads are joined when the process exits, so a
-    call stuck for good would hold up the end of the run after the rollout had long abandoned it.
-
-    Each call runs with Limits (rlcore.rollout.env) that end when the loop would give up on it: `timeout_s`
-    after its start, and no later than `until` (time.perf_counter(): the rollout's budgets)."""
-
-    def __init__(self, workers: int, timeout_s: float = math.inf, max_tool_calls: int = RolloutConfig.max_tool_calls,
-                 until: float = math.inf):
-        self.workers, self.timeout_s, self.max_tool_calls, self.until = workers, timeout_s, max_tool_calls, until
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = 0
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.limit: asyncio.Semaphore | None = None  # made on the loop's own thread
-        self.calls: dict[int, tuple[cf.Future, dict]] = {}  # trajectory -> (future, {"t": start time})
-
-    def submit(self, i: int, fn: Callable, *args) -> None:
-        clock: dict = {}
-        if inspect.iscoroutinefunction(fn):
-            future = asyncio.run_coroutine_threadsafe(self._limited(fn, args, clock), self._event_loop())
-        else:
-            future = cf.Future()
-            self.jobs.put((future, fn, args, clock))
-            if self.threads < self.workers:
-                self.threads += 1
-                threading.Thread(target=self._work, name="rlcore-env", daemon=True).start()
-        self.calls[i] = (future, clock)
-
-    def _work(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            future, fn, args, clock = job
-            if not future.set_running_or_notify_cancel():  # dropped before it started
-                continue
-            clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
-            try:
-                future.set_result(within(self._limits(clock["t"]), fn, *args))
-            except Exception as e:  # the environment's own error: handed to finished() with the future
-                future.set_exception(e)
-
-    async def _limited(self, fn, args, clock):
-        if self.limit is None:
-            self.limit = asyncio.Semaphore(self.workers)
-        async with self.limit:
-            clock["t"] = time.perf_counter()
-            return await awithin(self._limits(clock["t"]), fn, *args)
-
-    def _limits(self, started: float) -> Limits:
-        return Limits.starting_now(self.timeout_s, self.max_tool_calls, self.until - started)
-
-    def _event_loop(self) -> asyncio.AbstractEventLoop:
-        if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self._serve, args=(self.loop,), name="rlcore-env-async", daemon=True).start()
-        return self.loop
-
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop) -> None:
-        loop.run_forever()
-        loop.close()  # after close(): calls still pending were abandoned (timed out or cut by a budget)
-
-    def finished(self, timeout_s: float) -> dict[int, Outcome]:
-        """Calls that returned, raised, or ran past `timeout_s` (abandoned: a thread cannot be stopped)."""
-        now, out = time.perf_counter(), {}
-        for i, (future, clock) in list(self.calls.items()):
-            seconds = now - clock.get("t", now)
-            if future.done():
-                try:
-                    out[i] = Outcome(value=future.result(), seconds=seconds)
-                except Exception as e:  # the environment's own error: reported with its place by outcome()
-                    out[i] = Outcome(error=describe(e), seconds=seconds)
-            elif seconds > timeout_s:
-                out[i] = Outcome(timed_out=True, seconds=seconds)
-                future.cancel()
-            else:
-                continue
-            del self.calls[i]
-        return out
-
-    def wait(self, timeout_s: float) -> None:
-        """Until one of this rank's calls finishes, or `timeout_s` (at once when none is running)."""
-        if self.calls and timeout_s > 0:
-            cf.wait([f for f, _ in self.calls.values()], timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
-
-    def drop(self, i: int) -> bool:
-        """Forget trajectory i's call (its result will be ignored); whether one was running."""
-        call = self.calls.pop(i, None)
-        if call is not None:
-            call[0].cancel()
-        return call is not None
-
-    def close(self) -> None:
-        for _ in range(self.threads):  # each idle thread takes one and ends; a stuck one ends with the process
-            self.jobs.put(None)
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def agree(results: dict[int, dict], deadline: bool, steps: int, tp_group) -> tuple[dict[int, dict], bool, int]:

@@ -34,9 +34,13 @@ should too, since a call the loop gives up on cannot be stopped (Python cannot s
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import contextvars
+import inspect
 import math
+import queue
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -175,37 +179,121 @@ class Outcome:
 
 def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int, turn_s: float = math.inf,
              max_tool_calls: int = RolloutConfig.max_tool_calls) -> list[Outcome]:
-    """Run environment calls in a thread pool; each gets `timeout_s` from the moment it starts, and runs
-    with Limits of min(timeout_s, turn_s) and `max_tool_calls` (what its tools keep to).
+    """Run environment calls on an EnvRunner and wait for all of them (the lockstep loop's turns, closes);
+    each gets `timeout_s` from the moment it starts, and runs with Limits of min(timeout_s, turn_s) and
+    `max_tool_calls` (what its tools keep to).
 
     A call past its time is abandoned (Python cannot stop a thread; its result is ignored) and reported as
     timed out, so one slow environment never holds up the rest or a collective for longer than that."""
-    if not calls:
-        return []
-    started: dict[int, float] = {}
-    out = [Outcome() for _ in calls]
-
-    def run(i: int) -> Any:
-        started[i] = time.perf_counter()
-        return within(Limits.starting_now(min(timeout_s, turn_s), max_tool_calls), calls[i])
-
-    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(workers, len(calls))), thread_name_prefix="rlcore-env")
-    futures = {pool.submit(run, i): i for i in range(len(calls))}
-    pending = set(futures)
+    runner, out = EnvRunner(workers, min(timeout_s, turn_s), max_tool_calls), {}
     try:
-        while pending:
-            done, pending = cf.wait(pending, timeout=0.01, return_when=cf.FIRST_COMPLETED)
-            now = time.perf_counter()
-            for f in done:
-                i = futures[f]
-                out[i].seconds = now - started[i]
-                try:
-                    out[i].value = f.result()
-                except Exception as e:  # the environment's own error: reported by the caller, with its place
-                    out[i].error = describe(e)
-            for f in [f for f in pending if futures[f] in started and now - started[futures[f]] > timeout_s]:
-                out[futures[f]].timed_out, out[futures[f]].seconds = True, now - started[futures[f]]
-                pending.discard(f)
+        for i, call in enumerate(calls):
+            runner.submit(i, call)
+        while len(out) < len(calls):
+            runner.wait(0.01)
+            out |= runner.finished(timeout_s)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return out
+        runner.close()
+    return [out[i] for i in range(len(calls))]
+
+
+class EnvRunner:
+    """This rank's environment calls off the main thread: plain functions on `workers` daemon threads, coroutine
+    functions on one asyncio loop in a background thread, at most `workers` of each running at once.
+
+        runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
+
+    Daemon threads, not a ThreadPoolExecutor: the executor's threads are joined when the process exits, so a
+    call stuck for good would hold up the end of the run after the rollout had long abandoned it.
+
+    Each call runs with Limits (rlcore.rollout.env) that end when the loop would give up on it: `timeout_s`
+    after its start, and no later than `until` (time.perf_counter(): the rollout's budgets)."""
+
+    def __init__(self, workers: int, timeout_s: float = math.inf, max_tool_calls: int = RolloutConfig.max_tool_calls,
+                 until: float = math.inf):
+        self.workers, self.timeout_s, self.max_tool_calls, self.until = workers, timeout_s, max_tool_calls, until
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.limit: asyncio.Semaphore | None = None  # made on the loop's own thread
+        self.calls: dict[int, tuple[cf.Future, dict]] = {}  # trajectory -> (future, {"t": start time})
+
+    def submit(self, i: int, fn: Callable, *args) -> None:
+        clock: dict = {}
+        if inspect.iscoroutinefunction(fn):
+            future = asyncio.run_coroutine_threadsafe(self._limited(fn, args, clock), self._event_loop())
+        else:
+            future = cf.Future()
+            self.jobs.put((future, fn, args, clock))
+            if self.threads < self.workers:
+                self.threads += 1
+                threading.Thread(target=self._work, name="rlcore-env", daemon=True).start()
+        self.calls[i] = (future, clock)
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            future, fn, args, clock = job
+            if not future.set_running_or_notify_cancel():  # dropped before it started
+                continue
+            clock["t"] = time.perf_counter()  # the timeout counts from the call's start, not from its queueing
+            try:
+                future.set_result(within(self._limits(clock["t"]), fn, *args))
+            except Exception as e:  # the environment's own error: handed to finished() with the future
+                future.set_exception(e)
+
+    async def _limited(self, fn, args, clock):
+        if self.limit is None:
+            self.limit = asyncio.Semaphore(self.workers)
+        async with self.limit:
+            clock["t"] = time.perf_counter()
+            return await awithin(self._limits(clock["t"]), fn, *args)
+
+    def _limits(self, started: float) -> Limits:
+        return Limits.starting_now(self.timeout_s, self.max_tool_calls, self.until - started)
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            threading.Thread(target=self._serve, args=(self.loop,), name="rlcore-env-async", daemon=True).start()
+        return self.loop
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        loop.run_forever()
+        loop.close()  # after close(): calls still pending were abandoned (timed out or cut by a budget)
+
+    def finished(self, timeout_s: float) -> dict[int, Outcome]:
+        """Calls that returned, raised, or ran past `timeout_s` (abandoned: a thread cannot be stopped)."""
+        now, out = time.perf_counter(), {}
+        for i, (future, clock) in list(self.calls.items()):
+            seconds = now - clock.get("t", now)
+            if future.done():
+                try:
+                    out[i] = Outcome(value=future.result(), seconds=seconds)
+                except Exception as e:  # the environment's own error: reported with its place by outcome()
+                    out[i] = Outcome(error=describe(e), seconds=seconds)
+            elif seconds > timeout_s:
+                out[i] = Outcome(timed_out=True, seconds=seconds)
+                future.cancel()
+            else:
+                continue
+            del self.calls[i]
+        return out
+
+    def wait(self, timeout_s: float) -> None:
+        """Until one of this rank's calls finishes, or `timeout_s` (at once when none is running)."""
+        if self.calls and timeout_s > 0:
+            cf.wait([f for f, _ in self.calls.values()], timeout=timeout_s, return_when=cf.FIRST_COMPLETED)
+
+    def drop(self, i: int) -> bool:
+        """Forget trajectory i's call (its result will be ignored); whether one was running."""
+        call = self.calls.pop(i, None)
+        if call is not None:
+            call[0].cancel()
+        return call is not None
+
+    def close(self) -> None:
+        for _ in range(self.threads):  # each idle thread takes one and ends; a stuck one ends with the process
+            self.jobs.put(None)
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.stop)
