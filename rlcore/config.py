@@ -282,7 +282,7 @@ def check_stream(cfg: Config, dims) -> None:
     r = cfg.rollout
     if not dims.split:
         raise ValueError("rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)")
-    if not getattr(cfg.algorithm, "tis_cap", 0):
+    if not cfg.algorithm.corrects_off_policy:
         raise ValueError("rollout.stream=true loads weights under requests in flight, so samples span versions: "
                          "the loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
     if dims.rollout_ranks != 1:

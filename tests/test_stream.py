@@ -133,3 +133,15 @@ def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
     assert "exceeds rollout.logprob_diff_threshold=0.001 after the in-flight load of version 2: the engine holds " \
            "other weights than the trainers sent (transfer failed)" in proc.stderr
     assert [r["step"] for r in metrics(tmp_path / "demo")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_stream_learns_on_two_fsdp_trainers_at_k2(tmp_path):
+    """1 engine + 2 FSDP trainer ranks, k=2: +30 points, no token more than 2 versions old, none dropped."""
+    proc = torchrun(ROOT / "launch" / "train.py", *STREAM, "rollout.max_staleness=2", "train.steps=6",
+                    "train.eval_every=6", f"output_dir={tmp_path}", nproc=3)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = metrics(tmp_path / "demo")
+    assert max(r["async/token_staleness_max"] for r in rows[1:]) <= 2
+    assert all(r["async/dropped_samples"] == 0 for r in rows[1:])
+    assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
