@@ -23,7 +23,8 @@ their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows the
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
 (its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
-Exit codes (of every rank): 0 done; 2 bad input; 3 the run stopped itself; 75 preempted (SIGTERM or
+Exit codes (of every rank): 0 done; 2 bad input; 3 the run stopped itself (also when no rank finished a stage
+for train.watchdog_s: rlcore/watchdog.py); 75 preempted (SIGTERM or
 SIGUSR1: the step finished and a checkpoint was written; run again with resume=auto). torchrun itself
 exits 1 whenever a rank fails or it was signalled, so with RLCORE_EXIT_CODE_FILE=PATH set, local rank 0
 also writes its code to PATH (launch/slurm_node.sh reads it to decide on a requeue).
@@ -48,7 +49,7 @@ library_logs.before_imports(sys.argv[1:])
 
 import torch.distributed as dist  # noqa: E402
 
-from rlcore import config_help, plan  # noqa: E402
+from rlcore import config_help, plan, watchdog  # noqa: E402
 from rlcore.cli import parse_argv  # noqa: E402
 from rlcore.preflight import InputError  # noqa: E402
 from rlcore.collectives import Preempted, RunError  # noqa: E402
@@ -87,6 +88,8 @@ def main(argv: list[str]) -> int:
         record_error(line)
         code = (EXIT_PREEMPTED if isinstance(e, Preempted) else
                 EXIT_RUN_STOPPED if isinstance(e, RunError) else EXIT_BAD_INPUT)
+    finally:
+        watchdog.stop()
     if dist.is_initialized() and (code == 0 or together):
         # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections.
         dist.barrier()

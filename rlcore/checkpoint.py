@@ -36,13 +36,14 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from rlcore import watchdog
 from rlcore.collectives import first_error
 
 MARKER = "COMPLETE.json"
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
             "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
-            "train.log_every", "train.max_skipped_steps", "lora.export_merged")
+            "train.log_every", "train.max_skipped_steps", "train.watchdog_s", "lora.export_merged")
 
 
 class SaveError(RuntimeError):
@@ -122,7 +123,11 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
                              f"but this run has {field} '{meta[key]}'")
     # A split mesh's checkpoint holds its batches in flight, sampled ahead by its staleness; a colocated one
     # holds none. They do not convert into each other.
-    for key in ("rollout.ranks", "rollout.max_staleness", "rollout.stream"):
+    # A split one's rollout ranks continue as they were (prompt streams, batches in flight): only the trainer count
+    # may change.
+    split = saved["config"].get("rollout.ranks", 0)
+    layout = ("rollout.ranks", "rollout.max_staleness", "rollout.stream")
+    for key in layout + (("rollout.tensor_parallel",) if split else ()):
         if saved["config"].get(key, 0) != meta["config"].get(key, 0):
             raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key, 0)}, but this "
                              f"run has {key}={meta['config'].get(key, 0)}; resume with the same layout")
@@ -142,6 +147,10 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
 
 def saved_step(path: Path | None) -> int:
     return json.loads((path / MARKER).read_text())["step"] if path is not None else 0
+
+
+def saved_world(path: Path) -> int:
+    return json.loads((path / MARKER).read_text())["world_size"]
 
 
 # ---------------------------------------------------------------------------------------------- save / load
@@ -199,6 +208,7 @@ def write_model_files(model_path: str, tokenizer, dest: Path) -> None:
     tokenizer.save_pretrained(dest)
 
 
+@watchdog.stage("checkpoint")
 def save(root: Path, step: int, trained: dict, prompts, loop: dict, meta: dict, keep: int,
          tokenizer, extra: dict | None = None, writer: int = 0) -> Path:
     """Collective: write checkpoints/step_<step> atomically and keep the newest `keep`. Any rank's
@@ -270,6 +280,7 @@ def _replace(tmp: Path, final: Path) -> None:
         os.close(fd)
 
 
+@watchdog.stage("resume")
 def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str]]:
     """Collective: load a checkpoint into freshly built models, optimizers, schedulers and the prompt
     stream. Returns (the loop's counters, lines to print about what could not be carried over)."""
@@ -289,12 +300,21 @@ def load(path: Path, trained: dict, prompts, group: int) -> tuple[dict, list[str
 
     rank, world = dist.get_rank(), dist.get_world_size()
     groups, notes = saved["rollout_groups"] if prompts is None else prompts.groups, []
-    if saved["world_size"] == world and saved["rollout_groups"] == groups:
+    # A split mesh resumed with another trainer count (resolve checked its rollout side is the same): each
+    # rollout rank is the rank it was and continues exactly; the trainer ranks hold no prompt stream.
+    split = saved["config"].get("rollout.ranks", 0)
+    if saved["world_size"] == world and saved["rollout_groups"] == groups or rank < split:
         own = torch.load(path / f"rank_{rank}.pt", weights_only=False)
         if prompts is not None:
             prompts.load_state_dict(own["prompts"])
         set_rng_state(own["rng"])
+    if saved["world_size"] == world and saved["rollout_groups"] == groups:
         return common["loop"], notes
+    if split:
+        return common["loop"], notes + [
+            f"resume: saved with {saved['world_size'] - split} trainer rank(s), running with {world - split}: models, "
+            f"optimizers and the trainers' batch in flight are resharded; the {split} rollout rank(s) continue exactly; "
+            f"the trainer ranks' RNG states are not carried over (reseeded from seed)"]
     notes.append(f"resume: saved on {saved['world_size']} ranks, running on {world}: models and optimizers "
                  f"are resharded; per-rank RNG states are not carried over (reseeded from seed)")
     if saved["rollout_groups"] == groups:  # same dealing of prompts: continue each group exactly

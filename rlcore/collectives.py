@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rlcore import watchdog
 from rlcore.parallel import device_type
 
 
@@ -32,6 +33,7 @@ def set_scope(group) -> None:
     _scope = group
 
 
+@watchdog.stage("agree", waits=True)
 def first_error(error: str | None, group=None) -> str | None:
     """Collective over `group` (None: the whole world): every rank's error or None; returns the first error
     (by rank), the same on every rank, so every rank can raise it together and none waits forever. The one
@@ -48,12 +50,14 @@ def agree(error: str | None) -> None:
         raise RunError(first)
 
 
+@watchdog.stage("all_sum", waits=True)
 def all_sum(*values: float) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device_type())
     dist.all_reduce(t, group=_scope)
     return t.tolist()
 
 
+@watchdog.stage("all_max", waits=True)
 def all_max(value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=device_type())
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_scope)
@@ -64,6 +68,7 @@ def all_min(value: float) -> float:
     return -all_max(-value)
 
 
+@watchdog.stage("reduce_sum", waits=True)
 def reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over every rank (the `reduce` algorithms use for global statistics)."""
     out = t.to(device_type(), torch.float64)

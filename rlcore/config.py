@@ -115,6 +115,11 @@ class TrainConfig:
     keep_checkpoints: int = 2  # complete checkpoints kept on disk (the newest); older ones are deleted
     export_every: int = 0  # steps between HF exports (runs/<name>/hf/step_<N>/); 0 = only at the end
     max_skipped_steps: int = 3  # stop the run after this many steps in a row with a non-finite loss/gradient
+    # Seconds without any rank finishing a stage (generate, reward, logprobs, update, sync, exchange, checkpoint,
+    # eval, ...): then every rank prints where it is and which rank is behind, that rank's Python stack goes to
+    # its log, and every rank exits 3 (rlcore/watchdog.py); process groups time out at 3x this (at least 5 min).
+    # 30 min outlasts the longest stage of a healthy 8-GPU step (a batch's generation, minutes) many times over.
+    watchdog_s: float = 1800.0
 
 
 @dataclass
@@ -351,7 +356,7 @@ VALID = {
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
     "train.save_every": _at_least(0), "train.keep_checkpoints": _at_least(1), "train.export_every": _at_least(0),
     "train.max_skipped_steps": _at_least(1), "train.logprob_chunk_tokens": _at_least(0),
-    "train.max_tokens_per_micro_batch": _at_least(0),
+    "train.max_tokens_per_micro_batch": _at_least(0), "train.watchdog_s": _SECONDS,
     # vLLM 0.32 takes max_lora_rank in {1, 8, ..., 320, 512} and serves any adapter rank up to it.
     "lora.rank": (lambda v: isinstance(v, int) and 1 <= v <= 512, "an integer in [1, 512] (vLLM's largest "
                   "max_lora_rank is 512)"),

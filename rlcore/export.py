@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from rlcore import checkpoint, lora
+from rlcore import checkpoint, lora, watchdog
 from rlcore.weights import by_layer, checkpoint_weights, to_checkpoint_format
 
 
@@ -86,6 +86,7 @@ def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files
     checkpoint._replace(tmp, out)
 
 
+@watchdog.stage("export")
 def export_hf(out: Path, model: torch.nn.Module, model_path: str, tokenizer, merged: bool = False,
               group=None, writer: int = 0) -> None:
     """Collective over the ranks that hold the model (`group`, default the world): the trained model as an HF

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlcore import lora
+from rlcore import lora, watchdog
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.corrections import rollout_kl
@@ -47,6 +47,7 @@ class DriftCheck:
                 "rollout/kl": self.kl / max(self.tokens, 1.0)}
 
 
+@watchdog.stage("logprobs")
 def prepare(run: Run, batch: Batch, step: int, on_policy: bool = True) -> tuple[DriftCheck, dict[str, float]]:
     """Fill in what the update reads besides the weights: old logprobs (unless the on-policy update takes
     its own), reference logprobs, values, advantages. Returns the drift check, for the update to call

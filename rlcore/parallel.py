@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -81,10 +82,16 @@ def device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def init_distributed() -> None:
-    """Start the default process group from torchrun's environment (a plain `python` run is world 1)."""
+_timeout: timedelta | None = None  # every process group's (rlcore.watchdog.group_timeout); None = torch's default
+
+
+def init_distributed(timeout: timedelta | None = None) -> None:
+    """Start the default process group from torchrun's environment (a plain `python` run is world 1). `timeout`
+    bounds every collective of it and of the groups `new_group` makes (torch's new_group does not inherit it)."""
+    global _timeout
     if dist.is_initialized():
         return
+    _timeout = timeout
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -92,9 +99,14 @@ def init_distributed() -> None:
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
     if device_type() == "cuda":
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])))
+        dist.init_process_group("nccl", device_id=torch.device("cuda", int(os.environ["LOCAL_RANK"])), timeout=timeout)
     else:
-        dist.init_process_group("gloo")
+        dist.init_process_group("gloo", timeout=timeout)
+
+
+def new_group(ranks: list[int], backend: str | None = None):
+    """dist.new_group with the default group's timeout (collective: every rank calls it, in the same order)."""
+    return dist.new_group(ranks, timeout=_timeout, backend=backend)
 
 
 def build_meshes(dims: ParallelDims) -> tuple[DeviceMesh | None, DeviceMesh]:
@@ -104,8 +116,17 @@ def build_meshes(dims: ParallelDims) -> tuple[DeviceMesh | None, DeviceMesh]:
     if not dims.split:
         fsdp = init_device_mesh(dev, (dims.world_size,), mesh_dim_names=("fsdp",))
     else:  # new_group is collective: every rank makes the trainers' group, only they build a mesh on it
-        trainers = dist.new_group(list(range(dims.rollout_ranks, dims.world_size)))
+        trainers = new_group(list(range(dims.rollout_ranks, dims.world_size)))
         fsdp = DeviceMesh.from_group(trainers, dev, mesh_dim_names=("fsdp",)) \
             if dims.trains(dist.get_rank()) else None
-    rollout = init_device_mesh(dev, (dims.world_size // dims.tp, dims.tp), mesh_dim_names=("dp", "tp"))
+    # The rollout mesh from groups made here (init_device_mesh's own would not carry the timeout).
+    layout = torch.arange(dims.world_size).view(dims.world_size // dims.tp, dims.tp)  # [engines, tp]
+    dp = tp = None
+    for ranks in layout.T.tolist():  # each tp position across the engines
+        group = new_group(ranks)
+        dp = group if dist.get_rank() in ranks else dp
+    for ranks in layout.tolist():  # each engine's ranks
+        group = new_group(ranks)
+        tp = group if dist.get_rank() in ranks else tp
+    rollout = DeviceMesh.from_group([dp, tp], dev, mesh=layout, mesh_dim_names=("dp", "tp"))
     return fsdp, rollout

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, lora, models, plan, rewards
+from rlcore import checkpoint, lora, models, plan, rewards, watchdog
 from rlcore.collectives import first_error
 from rlcore.config import Config, models_of, validate
 from rlcore.data import load_table, load_tokenizer, tokenize_prompts
@@ -40,7 +40,8 @@ def on_every_rank(check, *args):
     """check(*args) on every rank; if it raised ValueError on any rank, every rank raises the first one."""
     result, error, cause = None, None, None
     try:
-        result = check(*args)
+        with watchdog.stage(f"preflight: {check.__name__}"):
+            result = check(*args)
     except ValueError as e:
         error, cause = str(e), e
     first = first_error(error)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rlcore import logprobs, models, update
+from rlcore import checkpoint, logprobs, models, update
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, all_max, all_sum, set_scope
 from rlcore.metrics import peak_memory_gb, reset_peak_memory
@@ -161,8 +161,20 @@ def trainers_state(run: Run, messages: list[dict]) -> dict:
 
 
 def own_state(run: Run) -> dict:
-    """This rank's batches in flight and the probe, as the checkpoint saved them."""
-    return torch.load(run.resume_from / f"rank_{dist.get_rank()}.pt", weights_only=False)["split"]
+    """This rank's batches in flight and the probe, as the checkpoint saved them. A trainer rank resumed with
+    another trainer count puts the old trainers' slices of the batch back together, in order, and takes its own."""
+    rank, path = dist.get_rank(), run.resume_from
+    saved_world = checkpoint.saved_world(path)
+    if not run.dims.trains(rank) or saved_world == dist.get_world_size():
+        return torch.load(path / f"rank_{rank}.pt", weights_only=False)["split"]
+    old = [torch.load(path / f"rank_{r}.pt", weights_only=False)["split"]
+           for r in range(run.dims.rollout_ranks, saved_world)]
+    batch = None  # saved after the last step: nothing in flight
+    if old[0]["batch"] is not None:
+        whole = Batch.cat([o["batch"] for o in old], pad_id(run.tokenizer))
+        n, j = len(whole) // run.dims.trainers, rank - run.dims.rollout_ranks
+        batch = whole.rows(j * n, (j + 1) * n)
+    return {"batch": batch, "probe": old[0]["probe"]}
 
 
 # ---- the trainer side -------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer, update
+from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer,
+                    update, watchdog)
 from rlcore.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config, Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
@@ -29,11 +30,12 @@ from rlcore.summary import Summary
 
 def setup(cfg: Config) -> Run:
     """Check everything cheap on every rank first (rlcore/preflight.py), then load."""
-    init_distributed()
+    init_distributed(watchdog.group_timeout(cfg.train.watchdog_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
     run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    watchdog.start(cfg.train.watchdog_s)  # stopped by launch/train.py, whatever ends the run
     # Tools and reward functions reach one sandbox per rank through rlcore.sandbox.shared(): started on first use.
     sandbox.configure(cfg.sandbox)
     preflight.on_every_rank(preflight.prepare, cfg)

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rlcore.parallel import device_type
+from rlcore import watchdog
+from rlcore.parallel import device_type, new_group
 from rlcore.weights import checkpoint_units
 
 if TYPE_CHECKING:
@@ -30,13 +31,13 @@ class Link:
     @staticmethod
     def make(rollout_ranks: int, world: int) -> Link:
         side = list(range(rollout_ranks))
-        return Link(dist.new_group(side), dist.new_group(side + [rollout_ranks]),
-                    dist.new_group(side + [rollout_ranks], backend="gloo"),
-                    dist.new_group(list(range(world)), backend="gloo"), rollout_ranks)
+        return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
+                    new_group(list(range(world)), "gloo"), rollout_ranks)
 
 
 # ---- the two halves of an exchange -------------------------------------------------------------------------
 
+@watchdog.stage("send weights")
 def send_weights(run: Run, link: Link, header: dict) -> tuple[float, int]:
     """Trainer ranks (a collective over them, for the FSDP2 gathers); rank R broadcasts. Returns (seconds,
     bytes). With an error in the header nothing follows it."""
@@ -58,6 +59,7 @@ def send_weights(run: Run, link: Link, header: dict) -> tuple[float, int]:
     return time.perf_counter() - t0, sent
 
 
+@watchdog.stage("receive weights", waits=True)
 def receive_weights(run: Run, link: Link) -> dict:
     """Rollout ranks: the header, then (without an error) the weights, streamed into the engine's reload.
     The engine's version becomes the header's."""
@@ -99,6 +101,7 @@ def _flat_by_dtype(unit: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     return [torch.cat([t.reshape(-1) for t in unit.values() if t.dtype == d]) for d in dtypes]
 
 
+@watchdog.stage("exchange", waits=True)
 def exchange(link: Link, mine: dict) -> list[dict]:
     """Every rank's message to every rank (a collective over the whole world, gloo)."""
     out = [None] * dist.get_world_size()

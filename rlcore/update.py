@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rlcore import models
+from rlcore import models, watchdog
 from rlcore.batch import Batch, Normaliser
 from rlcore.collectives import all_max, all_sum
 from rlcore.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from rlcore.run import Run
 
 
+@watchdog.stage("update")
 def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None) -> dict[str, float]:
     """epochs x mini-batches optimizer steps; each normalises by counts summed over ranks + micro-batches.
     The critic (when there is one) takes its own optimizer step on the same micro-batches.

