@@ -59,6 +59,12 @@ class RolloutConfig:
     env_workers: int = 8  # threads per rank stepping environments concurrently
     env_weight: float = 1.0  # weight of the summed environment step rewards (reward part "env")
     truncated_reward: float | None = None  # fixed reward of trajectories ended by a limit; None = scored as usual
+    # Bring your own agent (rlcore.rollout.agents): `async def agent(client, row) -> reward` run once per
+    # trajectory with its own openai client on an OpenAI-compatible endpoint (rlcore.rollout.endpoint). Its
+    # calls are its turns: at most max_turns calls; env_timeout_s bounds the whole agent; env_workers agents
+    # run at once per rank. "" = none.
+    agent: Any = ""  # a callable, "module:name" or "path/file.py:name"
+    agent_tool_format: str = "hermes"  # how the endpoint parses the model's tool calls: hermes | llama3 | mistral
     # What one model turn may ask of its tools (rlcore.rollout.tools; environments read both through
     # rlcore.rollout.env.limits()): calls past the cap are answered "not run" (tool/too_many_calls); no call
     # starts after the turn's deadline and the python tool's program is stopped at it (tool/deadline). The
@@ -242,14 +248,14 @@ def validate(cfg: Config, dims) -> None:
     anything loads. Raises ValueError naming the field."""
     check_algorithm(cfg.algorithm)
     cfg.algorithm.validate(cfg)
-    if not cfg.rewards and not cfg.rollout.env:
+    if not cfg.rewards and not cfg.rollout.env and not cfg.rollout.agent:
         raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
-                         "rollout.env (an environment whose step rewards are the reward)")
+                         "rollout.env (an environment whose step rewards are the reward) or rollout.agent")
     for i, spec in enumerate(cfg.rewards):
         if bool(spec.fn) == bool(spec.model):
             raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
                              f"sequence-classification reward model)")
-    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not cfg.rollout.env:
+    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not (cfg.rollout.env or cfg.rollout.agent):
         raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
                          "correctness) or an environment; set data.eval_path= to turn eval off")
     check_values(cfg)
@@ -348,7 +354,8 @@ VALID = {
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
     "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
-    "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.trajectory_timeout_s": _at_least(0),
+    "rollout.schedule": _one_of("lockstep", "continuous"),
+    "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
     "rollout.max_running": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},

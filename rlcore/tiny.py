@@ -236,15 +236,20 @@ def warm_start(model, tokenizer, seed: int = SEED) -> list[float]:
         if habit:
             for group in opt.param_groups:
                 group["lr"] = LR * (1 - 0.9 * (step - LEARN_STEPS) / HABIT_STEPS)
-        input_ids, loss_mask = _encode(tokenizer, rows)
-        logits = model(input_ids=input_ids, attention_mask=input_ids != tokenizer.pad_token_id).logits
-        loss, _ = sft_loss(logits, input_ids, loss_mask)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, tokenizer, opt, rows))
     return losses
+
+
+def sft_step(model, tokenizer, opt, rows: list[tuple[str, str, float]]) -> float:
+    """One supervised step on (prompt, answer, weight) rows; returns the loss."""
+    input_ids, loss_mask = _encode(tokenizer, rows)
+    logits = model(input_ids=input_ids, attention_mask=input_ids != tokenizer.pad_token_id).logits
+    loss, _ = sft_loss(logits, input_ids, loss_mask)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.item()
 
 
 @torch.no_grad()
@@ -334,14 +339,8 @@ def build_teacher(out_dir: Path) -> dict:
         rng, opt = random.Random(SEED + 3), torch.optim.AdamW(model.parameters(), lr=TEACHER_LR, weight_decay=0.0)
         model.train()
         for _ in range(TEACHER_STEPS):
-            rows = [(f"{a}+{b}=", str(a + b), 1.0) for a, b in (sample_problem(rng, False) for _ in range(BATCH))]
-            input_ids, loss_mask = _encode(tokenizer, rows)
-            logits = model(input_ids=input_ids, attention_mask=input_ids != tokenizer.pad_token_id).logits
-            loss, _ = sft_loss(logits, input_ids, loss_mask)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            sft_step(model, tokenizer, opt,
+                     [(f"{a}+{b}=", str(a + b), 1.0) for a, b in (sample_problem(rng, False) for _ in range(BATCH))])
         accuracy = greedy_accuracy(model, tokenizer, [json.loads(line) for line in eval_file().open()])
     finally:
         torch.set_num_threads(threads)

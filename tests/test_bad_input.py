@@ -388,3 +388,32 @@ def test_an_error_only_one_rank_sees_stops_every_rank(tmp_path, what, says, code
         assert len(lines) == 1 and says in lines[0], proc.stderr[-3000:]
     assert says in proc.stderr.split("Root Cause")[-1], proc.stderr[-3000:]
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------ (e) agents
+
+AGENTS = '''
+def plain(client, row):
+    return 1.0
+
+async def agent(client, row):
+    return 1.0
+'''
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (["rollout.agent={tmp}/agents.py:plain"],
+     "rollout.agent '{tmp}/agents.py:plain' is a plain function, not an async function; an agent is `async def "
+     "agent(client, row) -> reward`"),
+    (["rollout.agent={tmp}/agents.py:agent"], "rollout.agent '{tmp}/agents.py:agent' needs rollout.max_turns >= 1"),
+    (["rollout.agent={tmp}/agents.py:agent", "rollout.env={tmp}/agents.py:agent", "rollout.max_turns=2"],
+     "rollout.agent '{tmp}/agents.py:agent' and rollout.env '{tmp}/agents.py:agent' are two ways to run a "
+     "trajectory; set one"),
+    (["rollout.agent={tmp}/agents.py:agent", "rollout.agent_tool_format=qwen"],
+     "rollout.agent_tool_format must be one of hermes, llama3, mistral (got 'qwen')"),
+])
+def test_bad_agent(entry, tmp_path, overrides, says):
+    """An agent that is not an async function, without a call budget, beside an environment: one line, exit 2."""
+    (tmp_path / "agents.py").write_text(AGENTS)
+    proc = entry.train("recipe=demo", *(o.format(tmp=tmp_path) for o in overrides), f"output_dir={tmp_path}/runs")
+    assert says.format(tmp=tmp_path) in rejected(proc, tmp_path / "runs")

@@ -2,6 +2,8 @@
 
     engine.py   the colocated vLLM engine and the weight sync (the only module that imports vLLM)
     collect.py  sampling through the engine, dynamic sampling's extra draws, rewards, greedy eval
+    agents.py   rollout.agent: a user's openai-client agent per trajectory, through endpoint.py (an
+                OpenAI-compatible server over the engine) and sessions.py (each call's token ids recorded)
 """
 from rlcore.rollout.engine import RolloutEngine, Sample, SyncStats
 

@@ -18,7 +18,7 @@ import torch
 from rlcore import rewards, watchdog
 from rlcore.batch import Batch
 from rlcore.collectives import RunError, agree, all_min, all_sum
-from rlcore.rollout import continuous
+from rlcore.rollout import agents, continuous
 from rlcore.rollout.env import call_all
 from rlcore.rollout.tools import declared_tools, tool_stats
 from rlcore.rollout.turns import Trajectory, rollout, to_batch
@@ -32,6 +32,18 @@ def rollout_seed(run_seed: int, step: int, prompt_index: int, group_size: int) -
     return ((run_seed * 1_000_003 + step) * 1_000_033 + prompt_index) * group_size % 2**62
 
 
+def agent_endpoint(run: Run):
+    """This rank's endpoint, started at the first rollout (not at startup: the bad-input checks start nothing)."""
+    from rlcore.rollout.endpoint import Endpoint
+
+    if run.rollout.envs.endpoint is None:
+        r, d = run.cfg.rollout, run.cfg.data
+        run.rollout.envs.endpoint = Endpoint(run.tokenizer, r.temperature, r.max_new_tokens,
+                                     r.max_model_len or d.max_prompt_tokens + (r.max_total_tokens or r.max_new_tokens),
+                                     r.max_turns, r.agent_tool_format)
+    return run.rollout.envs.endpoint
+
+
 @watchdog.stage("generate")
 def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, temperature: float,
               max_new_tokens: int, owners: list[int], budgets: bool = True):
@@ -41,6 +53,16 @@ def run_turns(run: Run, rows: list[dict], seeds: list[int], group_size: int, tem
              for row, seed, owner in zip(rows, seeds, owners) for j in range(group_size)]
     r = run.cfg.rollout
     max_total = r.max_total_tokens or max_new_tokens
+    if run.rollout.envs.agent is not None:  # failures are per trajectory (agent/failed): nothing to agree on
+        endpoint = agent_endpoint(run)
+        endpoint.temperature = temperature  # the eval's greedy calls are pinned to 0
+        stats = agents.rollout(run.engine, endpoint, run.rollout.envs.agent, trajs, temperature, r.env_timeout_s,
+                               r.env_workers, run.rollout.tp_rank, run.rollout.tp_group)
+        if stats.first_error and not endpoint.reported:  # once per run; agent/failed counts every step
+            endpoint.reported = True
+            run.logger.print(f"rlcore: warning: agent '{run.rollout.envs.spec}' failed a trajectory (the run goes on; "
+                             f"agent/failed counts them): {stats.first_error}")
+        return [x for x in trajs if x.owner == run.rollout.tp_rank], stats
     if r.schedule == "continuous" and run.rollout.envs.factory is not None:  # single-turn: no tool time to overlap
         stats = continuous.rollout(run.engine, trajs, run.rollout.envs, max_new_tokens, max_total, temperature,
                                    run.rollout.tp_rank, run.rollout.tp_group,
@@ -73,6 +95,10 @@ def score(run: Run, mine: list[Trajectory], first_only: bool = False) -> tuple[t
         prompts, columns = rewards.reward_inputs(rows, run.cfg.data.prompt_column)
         return rewards.score([(run.rollout.reward_fns[0][0], 1.0)], prompts, completions, columns | (extra or {}))
     total, parts = rewards.score_rollouts(run, rows, completions, extra)
+    if envs.agent is not None:  # the agent's own reward; a failed agent's trajectory scores 0 (and trains nothing)
+        parts["agent"] = torch.tensor([x.env_reward for x in mine])
+        total = total + parts["agent"]
+        total[torch.tensor([x.timed_out or x.error is not None for x in mine], dtype=torch.bool)] = 0.0
     if envs.factory is not None:
         r = run.cfg.rollout
         parts["env"] = torch.tensor([x.env_reward for x in mine])
@@ -118,6 +144,10 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
               "env_tokens": sum(len(x.tokens) - x.model_tokens for x in mine)}
     if declared_tools(run.rollout.envs.factory) is not None:  # a ToolEnv: the same keys on every rank (env_metrics)
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
+    if isinstance(stats, agents.AgentStats):
+        counts |= {"agent_calls": stats.calls / run.dims.tp, "agent_failed": stats.failed,
+                   "agent_timeouts": stats.timeouts, "agent_dropped": stats.dropped_sequences,
+                   "rollout_s": stats.rollout_s}
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
                    "deadline_truncated": stats.deadline_truncated if run.rollout.tp_rank == 0 else 0,
@@ -182,6 +212,11 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         stats |= {"rollout/draws": draw + 1, "rollout/kept_group_frac": kept_groups / drawn_groups}
     if run.rollout.envs.factory is not None:
         stats |= env_metrics(run, totals, r_n)
+    if run.rollout.envs.agent is not None:
+        calls, failed, timeouts, dropped = all_sum(totals["agent_calls"], totals["agent_failed"],
+                                                   totals["agent_timeouts"], totals["agent_dropped"])
+        stats |= {"agent/calls_mean": calls / r_n, "agent/failed": failed, "agent/timeouts": timeouts,
+                  "agent/dropped_sequences": dropped}
     return batch, stats
 
 

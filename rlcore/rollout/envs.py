@@ -16,6 +16,8 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     single-turn settings without one. Raises ValueError naming the setting."""
     r = cfg.rollout
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    if r.agent:
+        return make_agent(cfg, tokenizer, decode)
     if not r.env:
         if r.max_turns > 1 or r.max_total_tokens:
             raise ValueError("rollout.max_turns and rollout.max_total_tokens need an environment: set rollout.env")
@@ -52,6 +54,25 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     encode = encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens)
     return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode, r.turn_deadline_s,
                 r.max_tool_calls)
+
+
+
+def make_agent(cfg, tokenizer, decode) -> Envs:
+    """rollout.agent, checked at startup: an async function, a call budget, a template the endpoint can extend."""
+    from rlcore.rollout import chat
+    from rlcore.rollout.agents import check_agent
+
+    r = cfg.rollout
+    spec = r.agent if isinstance(r.agent, str) else rewards.fn_name(r.agent)
+    if r.env:
+        raise ValueError(f"rollout.agent '{spec}' and rollout.env '{r.env}' are two ways to run a trajectory; set one")
+    agent = rewards.resolve(r.agent, "rollout.agent")
+    check_agent(agent, spec)
+    if r.max_turns < 1:
+        raise ValueError(f"rollout.agent '{spec}' needs rollout.max_turns >= 1: the engine calls one trajectory "
+                         f"may make")
+    chat.check_prefix_preserving(tokenizer, "rollout.agent")
+    return Envs(None, spec, r.max_turns, [], r.env_timeout_s, r.env_workers, lambda obs: [], decode, agent=agent)
 
 
 def model_budget(cfg, envs: Envs) -> int:

@@ -97,6 +97,8 @@ class Envs:
     decode: Callable[[list[int]], str]  # a model turn's ids -> the action text (special tokens dropped)
     turn_s: float = math.inf  # rollout.turn_deadline_s: the time one step's tools get (rlcore.rollout.env.Limits)
     max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
+    agent: Callable | None = None  # rollout.agent (rlcore.rollout.agents): trajectories are its calls; factory is None
+    endpoint: Any = None  # the agent's endpoint on this rank, started at the first rollout
 
 
 def turn_seed(first_seed: int, turn: int) -> int:

@@ -1,0 +1,72 @@
+"""The agent endpoint's overhead: the tool task as an openai-client agent through the endpoint
+(recipes/tooladd_agent.py) vs the same task as an rlcore environment (recipes/tooladd.py, continuous schedule),
+rollout time per step.
+
+    python benchmarks/endpoint.py                      # 3 rounds of 10 steps each, alternating, 2 ranks colocated
+
+Both start from the same warm start with the same seeds (a trajectory's call k is seeded like an environment's
+turn k), the same tool latency (2-20 ms by call) and the same budgets; eval is off. Reported: per run the median
+of time/rollout_s over steps 2.. (step 1 warms the engine), then the median over rounds of each contender and
+their ratio; also the generated tokens per step, so that a difference in what was sampled shows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+CONTENDERS = {"environment": ["recipe=tooladd", "rollout.schedule=continuous"],
+              "endpoint": ["recipe=tooladd_agent"]}
+
+
+def run(name: str, steps: int, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(common.ROOT / "launch" / "train.py"), *CONTENDERS[name], f"output_dir={out}", f"train.steps={steps}",
+           f"train.eval_every={steps + 1}"]
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(common.ROOT)}
+    proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
+    recipe = CONTENDERS[name][0].split("=")[1]
+    rows = [json.loads(line) for line in (out / recipe / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "time/rollout_s" in r][1:]
+    return {"rollout_s": common.median(r["time/rollout_s"] for r in rows),
+            "tokens": common.median(r["tokens/generated"] for r in rows),
+            "reward": common.median(r["reward/mean"] for r in rows)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=10)
+    args = p.parse_args()
+    results = {name: [] for name in CONTENDERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.rounds):
+            order = list(CONTENDERS) if k % 2 == 0 else list(CONTENDERS)[::-1]  # alternate who goes first
+            for name in order:
+                results[name].append(run(name, args.steps, Path(tmp) / f"{name}{k}"))
+                print(name, k, results[name][-1], flush=True)
+    med = {name: {key: common.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
+    ratio = med["endpoint"]["rollout_s"] / med["environment"]["rollout_s"]
+    lines = ["tooladd, 2 ranks colocated, 32 prompts x 8 per step; medians over rounds of each run's median "
+             "step (steps 2..).", "",
+             "| contender | rollout s/step | tokens generated/step | reward/mean | runs (rollout s) |",
+             "|---|---:|---:|---:|---|"]
+    for name, m in med.items():
+        runs = ", ".join(f"{r['rollout_s']:.2f}" for r in results[name])
+        lines.append(f"| {name} | {m['rollout_s']:.3f} | {m['tokens']:.0f} | {m['reward']:.3f} | {runs} |")
+    lines += ["", f"endpoint / environment rollout time: **{ratio:.2f}x** (goal <= 1.15x)"]
+    common.write_section("Agent endpoint overhead (benchmarks/endpoint.py)",
+                         f"python benchmarks/endpoint.py --rounds {args.rounds} --steps {args.steps}", lines)
+
+
+if __name__ == "__main__":
+    main()

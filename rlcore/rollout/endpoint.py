@@ -1,0 +1,316 @@
+"""An OpenAI-compatible endpoint over the in-process engine, so an agent written against the `openai` client
+trains with rlcore (rollout.agent; the loop that feeds the engine is rlcore.rollout.agents).
+
+    client = AsyncOpenAI(base_url=endpoint.base_url, api_key=session.token)    # one per trajectory
+    r = await client.chat.completions.create(model="policy", messages=[...], tools=[...])
+    r.choices[0].message.tool_calls -> [ToolCall(function=Function(name="add", arguments='{"a": 2, "b": 40}'))]
+
+A stdlib HTTP server on 127.0.0.1 (a random port), one per rank. Each trajectory gets its own random bearer
+token: it is both the password (other users of a shared node cannot reach the engine) and the session (which
+trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+
+Token ids, never re-rendered. The server renders a chat call to token ids itself and records, per session,
+every call's exact prompt ids, the completion ids the engine sampled and their logprobs. When a call's
+messages extend the previous call's messages plus the reply the server gave (the agent appended the tool's
+answer, say), its prompt is the previous prompt + the sampled completion + the new messages' ids as the chat
+template renders them after an end of turn (rlcore.rollout.chat.observation_ids): the model's tokens stay
+exactly as sampled. Otherwise (the agent dropped or edited earlier messages) the whole conversation is
+rendered afresh. rlcore.rollout.sessions.sequences then joins the calls: a call whose prompt extends the
+previous sequence continues it (the new non-model tokens masked), any other call opens a new sequence.
+
+Sampling is the run's, so the recorded logprobs are what the trainer recomputes: temperature is pinned to
+rollout.temperature (the same value is accepted, any other refused); top_p 1, top_k off, min_p 0, no
+penalties and no logit bias are accepted, anything else is refused; `seed` is ignored (each call's seed comes
+from the trajectory's, as for environments). n > 1, streaming, forced tool choice, an unknown model and
+unknown fields are refused too: an OpenAI-style 400 error body naming the parameter and why, with
+`x-should-retry: false` so the client does not retry; the trajectory is marked failed (no loss on it).
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import queue
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from rlcore.rollout import chat
+from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
+from rlcore.rollout.toolcall import PARSERS
+
+MODEL = "policy"  # the model name the endpoint serves
+WAIT_S = 3600.0  # longest a request waits for the engine (a rollout always answers or closes the session first)
+# Fields a client may send; whether their values are accepted is checked below.
+CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "n", "max_tokens", "max_completion_tokens", "stop",
+               "stream", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+               "repetition_penalty", "logit_bias", "seed", "user", "metadata", "parallel_tool_calls", "logprobs",
+               "top_logprobs"}
+COMPLETION_FIELDS = CHAT_FIELDS - {"messages", "tools", "tool_choice", "parallel_tool_calls"} | {"prompt", "echo"}
+# Values that leave the sampled distribution as the trainer recomputes it.
+NEUTRAL = {"top_p": (1, 1.0), "top_k": (0, -1), "min_p": (0, 0.0), "frequency_penalty": (0, 0.0),
+           "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0), "logit_bias": ({},), "n": (1,),
+           "stream": (False,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
+           "tool_choice": ("auto", "none")}
+REFUSED = {"n": "one sample per call: a trajectory is one conversation", "stream": "streaming is not served",
+           "echo": "echo is not served", "logprobs": "logprobs are not returned (the endpoint records them)",
+           "top_logprobs": "logprobs are not returned (the endpoint records them)",
+           "tool_choice": "forcing a call needs constrained decoding, which changes the sampled distribution",
+           "": "it changes the sampled distribution, so the recorded logprobs would differ from the trainer's"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def body(self) -> dict:
+        kind = {401: "authentication_error", 429: "rate_limit_error"}.get(self.status, "invalid_request_error")
+        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
+
+
+class Endpoint:
+    """This rank's server. The rollout loop takes the queued Requests (`take`), runs them through the engine and
+    hands each sample back (`deliver`); the HTTP threads only render, check and wait."""
+
+    def __init__(self, tokenizer, temperature: float, max_new_tokens: int, max_len: int, max_calls: int,
+                 tool_format: str = "hermes"):
+        self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
+        self.max_len, self.max_calls, self.parse = max_len, max_calls, PARSERS[tool_format]
+        self.turn_end = chat.end_of_turn_id(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+        self.ends = {i for i in (tokenizer.eos_token_id, self.turn_end) if i is not None}
+        self.sessions: dict[str, Session] = {}
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = threading.Event()  # set when a request arrives (the rollout loop waits on it when idle)
+        self.render_lock = threading.Lock()  # one tokenizer, many HTTP threads
+        self.answered = 0  # HTTP requests answered (refusals included)
+        self.reported = False  # whether the run has printed an agent's failure
+        self.httpd = _Server(("127.0.0.1", 0), _Handler)
+        self.httpd.endpoint = self
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="rlcore-endpoint", daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def open(self, index: int) -> Session:
+        s = Session(index)
+        self.sessions[s.token] = s
+        return s
+
+    def close(self, s: Session, why: str | None = None) -> None:
+        """Revoke the session's token; calls still waiting get `why` as an error."""
+        with s.lock:
+            s.closed = True
+            s.failed = s.failed or why
+            for fut in s.pending.values():
+                fut.set_exception(APIError(400, f"the trajectory ended: {why or 'closed'}", code="trajectory_ended"))
+            s.pending.clear()
+        self.sessions.pop(s.token, None)
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def take(self) -> list[Request]:
+        out = []
+        while True:
+            try:
+                out.append(self.requests.get_nowait())
+            except queue.Empty:
+                return out
+
+    def deliver(self, s: Session, request: Request, sample) -> None:
+        """The engine finished a request: record it and answer the waiting HTTP thread."""
+        with s.lock:
+            s.calls.append(Call(request.prompt_ids, list(sample.token_ids), list(sample.logprobs),
+                                sample.finish_reason))
+            fut = s.pending.pop(request.call, None)
+        if fut is not None:
+            fut.set_result(sample)
+
+    # ---- one HTTP request -----------------------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, dict]:
+        self.answered += 1
+        s = self.sessions.get(auth.removeprefix("Bearer ").strip()) if auth.startswith("Bearer ") else None
+        try:
+            if s is None:
+                raise APIError(401, "missing or wrong bearer token: each trajectory's client carries its own",
+                               code="invalid_api_key")
+            if method == "GET" and path.rstrip("/") == "/v1/models":
+                return 200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "rlcore"}]}
+            if method != "POST" or path.rstrip("/") not in ("/v1/chat/completions", "/v1/completions"):
+                raise APIError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions, "
+                                    f"POST /v1/completions and GET /v1/models", code="not_found")
+            try:
+                req = json.loads(body or b"{}")
+            except json.JSONDecodeError as e:
+                raise APIError(400, f"the body is not JSON ({e.msg})") from None
+            if not isinstance(req, dict):
+                raise APIError(400, "the body must be a JSON object")
+            return 200, self.chat(s, req) if path.rstrip("/").endswith("chat/completions") else self.complete(s, req)
+        except APIError as e:
+            if s is not None and e.status != 401 and s.failed is None:
+                s.failed = str(e)  # a refused call fails its trajectory (no loss on it); the run goes on
+            return e.status, e.body()
+
+    def check(self, req: dict, allowed: set[str]) -> tuple[int, list[int]]:
+        """Refuse what would change the sampled distribution; -> (max_tokens asked, stop token ids)."""
+        for key in req:
+            if key not in allowed:
+                raise APIError(400, f"unsupported parameter '{key}'", param=key, code="unsupported_parameter")
+        if req.get("model") != MODEL:
+            raise APIError(400, f"unknown model {req.get('model')!r}; this endpoint serves '{MODEL}'",
+                           param="model", code="model_not_found")
+        t = req.get("temperature")
+        if t is not None and t != self.temperature:
+            raise APIError(400, f"temperature is pinned to the run's {self.temperature:g} (rollout.temperature): "
+                                f"the trainer recomputes the sampled tokens' logprobs at that temperature",
+                           param="temperature", code="pinned_parameter")
+        for key, ok in NEUTRAL.items():
+            value = req.get(key)
+            # a bool is an int in Python, not in JSON: top_p=true is no 1
+            if value is not None and (value not in ok or isinstance(value, bool) != isinstance(ok[0], bool)):
+                raise APIError(400, f"{key}={json.dumps(value)} is refused: {REFUSED.get(key, REFUSED[''])}; accepted: "
+                                    f"{' or '.join(json.dumps(v) for v in ok)}", param=key, code="refused_parameter")
+        cap = req.get("max_completion_tokens", req.get("max_tokens")) or self.max_new_tokens
+        if not isinstance(cap, int) or cap < 1:
+            raise APIError(400, f"max_tokens must be a whole number >= 1 (got {json.dumps(cap)})", param="max_tokens")
+        stop = req.get("stop") or []
+        stop_ids = []
+        for text in [stop] if isinstance(stop, str) else stop:
+            ids = self.tokenizer.encode(text, add_special_tokens=False) if isinstance(text, str) else []
+            if len(ids) != 1:
+                raise APIError(400, f"stop {json.dumps(text)} is not one token of the model's tokenizer; stops must "
+                                    f"each be one token (the trained tokens end where the engine stopped)",
+                               param="stop")
+            stop_ids.append(ids[0])
+        return cap, stop_ids
+
+    def chat(self, s: Session, req: dict) -> dict:
+        cap, stop_ids = self.check(req, CHAT_FIELDS)
+        messages, tools = req.get("messages"), req.get("tools") or None
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise APIError(400, "messages must be a non-empty list of message objects", param="messages")
+        norm = [normalise(m) for m in messages]
+        with self.render_lock:
+            try:
+                ids = self._chat_ids(s, messages, norm, tools)
+            except (KeyError, TypeError, ValueError) as e:  # the template rejected the messages
+                raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
+        sample = self.run(s, ids, cap, stop_ids)
+        turn = [t for t in sample.token_ids if t not in self.ends] if sample.finish_reason == "stop" else \
+            sample.token_ids
+        text = self.tokenizer.decode(turn, skip_special_tokens=False)
+        calls, error = self.parse(text) if req.get("tool_choice") != "none" else ([], None)
+        if error:
+            calls = []  # a malformed call comes back as text; the agent sees what the model wrote
+        content = text.split("<tool_call>")[0] if calls else text
+        tool_calls = [{"id": f"call_{s.index}_{len(s.calls)}_{j}", "type": "function",
+                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                      for j, c in enumerate(calls)]
+        message = {"role": "assistant", "content": content or None} | ({"tool_calls": tool_calls} if calls else {})
+        reply = normalise(message)
+        ended = sample.finish_reason == "stop" and sample.token_ids and sample.token_ids[-1] == self.turn_end
+        s.last = (norm, reply, tools, ids + list(sample.token_ids)) if ended else None
+        finish = "tool_calls" if calls else sample.finish_reason
+        return {"id": f"chatcmpl-{s.index}-{len(s.calls)}", "object": "chat.completion", "created": int(time.time()),
+                "model": MODEL, "choices": [{"index": 0, "message": message, "finish_reason": finish,
+                                             "logprobs": None}],
+                "usage": self.usage(ids, sample)}
+
+    def _chat_ids(self, s: Session, messages: list[dict], norm: list[tuple], tools) -> list[int]:
+        """The call's prompt ids: the last call's ids extended by the new messages, or a fresh render."""
+        if s.last is not None:
+            before, reply, last_tools, last_ids = s.last
+            k = len(before)
+            if tools == last_tools and len(norm) > k + 1 and norm[:k] == before and norm[k] == reply:
+                return last_ids + chat.observation_ids(self.tokenizer, [template_message(m) for m in messages[k + 1:]])
+        ids = self.tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools,
+                                                 add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    def complete(self, s: Session, req: dict) -> dict:
+        cap, stop_ids = self.check(req, COMPLETION_FIELDS)
+        prompt = req.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            with self.render_lock:
+                ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        elif isinstance(prompt, list) and prompt and all(type(i) is int for i in prompt):  # bools are not ids
+            ids = list(prompt)  # token ids in: used as they are
+        else:
+            raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
+        if not all(0 <= i < len(self.tokenizer) for i in ids):
+            raise APIError(400, f"prompt token ids must be in [0, {len(self.tokenizer)})", param="prompt")
+        sample = self.run(s, ids, cap, stop_ids)
+        return {"id": f"cmpl-{s.index}-{len(s.calls)}", "object": "text_completion", "created": int(time.time()),
+                "model": MODEL, "choices": [{"index": 0, "text": self.tokenizer.decode(sample.token_ids),
+                                             "finish_reason": sample.finish_reason, "logprobs": None}],
+                "usage": self.usage(ids, sample)}
+
+    def run(self, s: Session, ids: list[int], cap: int, stop_ids: list[int]):
+        """Queue the call for the rollout loop and wait for its sample."""
+        room = self.max_len - len(ids)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(ids)} tokens; the engine's context is {self.max_len} "
+                                f"(rollout.max_model_len)", param="messages", code="context_length_exceeded")
+        fut: cf.Future = cf.Future()
+        with s.lock:
+            if s.closed:
+                raise APIError(400, f"the trajectory ended: {s.failed or 'closed'}", code="trajectory_ended")
+            if s.started >= self.max_calls:
+                raise APIError(429, f"call budget spent: {self.max_calls} calls per trajectory (rollout.max_turns)",
+                               code="budget_exceeded")
+            request = Request(s.index, s.started, list(ids), min(cap, self.max_new_tokens, room), stop_ids)
+            s.started += 1
+            s.pending[request.call] = fut
+        self.requests.put(request)
+        self.wake.set()
+        return fut.result(timeout=WAIT_S)
+
+    @staticmethod
+    def usage(ids: list[int], sample) -> dict:
+        return {"prompt_tokens": len(ids), "completion_tokens": len(sample.token_ids),
+                "total_tokens": len(ids) + len(sample.token_ids)}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # Every agent of a rollout connects in the same instant; the stdlib's backlog of 5 refuses the rest.
+    request_queue_size = 1024
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection across calls
+    # The headers and the body go out in two writes: with Nagle's algorithm the body waits for the client's
+    # delayed ACK of the headers, 40 ms a call.
+    disable_nagle_algorithm = True
+
+    def log_message(self, format, *args) -> None:  # noqa: A002 (the stdlib's name); requests are not logged
+        pass
+
+    def _answer(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            status, payload = self.server.endpoint.handle(method, self.path, self.headers.get("Authorization", ""),
+                                                          body)
+        except APIError as e:  # the trajectory ended while the call waited
+            status, payload = e.status, e.body()
+        except cf.TimeoutError:
+            status, payload = 504, APIError(504, "the engine did not answer in time").body()
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if status >= 400:
+            self.send_header("x-should-retry", "false")  # a refusal or a spent budget: a retry gets the same answer
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
+        self._answer("POST")
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer("GET")

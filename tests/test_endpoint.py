@@ -1,0 +1,267 @@
+"""The agent endpoint (rlcore/rollout/endpoint.py) and the agent rollout (rlcore/rollout/agents.py) without vLLM:
+a real HTTP server on 127.0.0.1, the real `openai` client, the tool task's real tokenizer and chat template, and
+a scripted step-by-step engine. tests/workers/agent_worker.py drives the real engine at TP=2."""
+import asyncio
+import json
+import random
+
+import openai
+import pytest
+
+from rlcore.rollout import agents, chat
+from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.sessions import Call, sequences
+from rlcore.rollout.engine import Sample
+from rlcore.rollout.turns import Trajectory
+from rlcore.tasks import tooladd
+
+TOOLS = tooladd.AddEnv.toolbox.schemas
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tooladd.build_tokenizer()
+
+
+class StepEngine:
+    """submit / step / busy / abort as RolloutEngine has them. It answers a conversation ending in a user turn
+    with a Hermes call of `add` on the problem's numbers, one ending in a tool answer with that answer; a request
+    finishes after `latency` steps. Logprobs are -0.01 * (position + 1)."""
+
+    def __init__(self, tok, latency=2, answer=None):
+        self.tok, self.latency, self.answer, self.live, self.calls = tok, latency, answer, {}, []
+
+    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None):
+        self.calls.append(("add", rid, list(prompt), max_tokens, seed))
+        text = self.tok.decode(prompt, skip_special_tokens=False)
+        if "<tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:
+            reply = (self.answer or text.split("<tool_response>\n")[-1].split("\n")[0]) + "<|im_end|>"
+        else:
+            a, b = text.rsplit("<|im_start|>user\n", 1)[-1].split("=")[0].split("+")
+            reply = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
+        ids = self.tok.encode(reply, add_special_tokens=False)[:max_tokens]
+        self.live[rid] = [Sample(ids, [-0.01 * (j + 1) for j in range(len(ids))], "stop"), self.latency]
+
+    def step(self):
+        out = []
+        for rid in list(self.live):
+            self.live[rid][1] -= 1
+            if self.live[rid][1] <= 0:
+                out.append((rid, self.live.pop(rid)[0]))
+        return out
+
+    def busy(self):
+        return bool(self.live)
+
+    def abort(self, rids):
+        if rids:
+            self.calls.append(("abort", list(rids)))
+        for rid in rids:
+            self.live.pop(rid, None)
+
+
+async def tool_agent(client, row):
+    """The recipe's kind of agent: read tool_calls, run the tool, send the tool message, read the answer."""
+    messages = [{"role": "user", "content": row["prompt"]}]
+    r = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    msg = r.choices[0].message
+    if msg.tool_calls:
+        call = msg.tool_calls[0]
+        args = json.loads(call.function.arguments)
+        messages += [msg.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+        r = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+    return float(r.choices[0].message.content == row["answer"])
+
+
+def run(tok, agent, rows, engine=None, max_calls=4, timeout_s=10.0, workers=8, **kw):
+    """Rows through agents.rollout on one rank; -> (trajectories, stats, engine, endpoint)."""
+    engine = engine or StepEngine(tok)
+    endpoint = Endpoint(tok, 1.0, 16, 96, max_calls, **kw)
+    trajs = [Trajectory(tooladd.prompt_ids(tok, r["prompt"]), r, seed=100 + i, owner=0) for i, r in enumerate(rows)]
+    try:
+        stats = agents.rollout(engine, endpoint, agent, trajs, 1.0, timeout_s, workers, 0, None)
+    finally:
+        endpoint.shutdown()
+    return trajs, stats, engine, endpoint
+
+
+ROWS = [{"prompt": "47+38=", "answer": "85"}, {"prompt": "12+30=", "answer": "42"}]
+
+
+def test_a_tool_call_and_its_answer_are_one_sequence_token_for_token(tok):
+    """Call 2's prompt is call 1's prompt + the sampled call (as sampled) + the tool message rendered after an
+    end of turn; the trajectory is that one sequence, only the model's tokens flagged, the engine's logprobs."""
+    trajs, stats, engine, _ = run(tok, tool_agent, ROWS)
+    adds = [c for c in engine.calls if c[0] == "add"]
+    assert len(adds) == 4 and stats.calls == 4 and stats.failed == 0 and stats.dropped_sequences == 0
+    for x, row in zip(trajs, ROWS):
+        a, b = row["prompt"][:-1].split("+")
+        p1 = tooladd.prompt_ids(tok, row["prompt"])  # the endpoint renders exactly what data.chat_template does
+        call = tok.encode(f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call>'
+                          f'<|im_end|>', add_special_tokens=False)
+        obs = chat.observation_ids(tok, [{"role": "tool", "content": row["answer"]}])
+        answer = tok.encode(row["answer"] + "<|im_end|>", add_special_tokens=False)
+        assert x.env_reward == 1.0 and x.error is None
+        assert x.prompt_ids == p1 and x.tokens == call + obs + answer
+        assert x.sampled == [1] * len(call) + [0] * len(obs) + [1] * len(answer)
+        assert x.logprobs == [-0.01 * (j + 1) for j in range(len(call))] + [0.0] * len(obs) + \
+            [-0.01 * (j + 1) for j in range(len(answer))]
+        assert x.turns == [call, answer]
+    # seeds: call k of the trajectory seeded s uses turn_seed(s, k), as an environment's turn k does
+    from rlcore.rollout.turns import turn_seed
+    assert sorted(c[4] for c in adds) == sorted(turn_seed(100 + i, k) for i in range(2) for k in range(2))
+
+
+def test_a_rewritten_history_opens_a_new_sequence(tok):
+    """The agent drops the call and asks again with the answer in the user turn: a fresh render, a second
+    sequence; the trajectory trains on the last one and counts the first in dropped_sequences."""
+    async def rewriter(client, row):
+        r = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": row["prompt"]}],
+                                                 tools=TOOLS)
+        args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+        hint = f"{row['prompt']} (the tool says {args['a'] + args['b']})"
+        r = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": hint}])
+        return 1.0
+    trajs, stats, engine, _ = run(tok, rewriter, ROWS[:1])
+    x = trajs[0]
+    assert stats.dropped_sequences == 1 and stats.failed == 0
+    second = [c for c in engine.calls if c[0] == "add"][1][2]
+    rendered = tok.apply_chat_template([{"role": "user", "content": "47+38= (the tool says 85)"}],
+                                       add_generation_prompt=True, tokenize=True)
+    assert second == list(rendered["input_ids"]) and x.prompt_ids == second
+    assert x.sampled == [1] * len(x.tokens) and len(x.turns) == 2
+
+
+def test_sequences_join_extending_calls_and_split_rewrites():
+    calls = [Call([1, 2, 3], [4, 5], [-0.1, -0.2], "stop"), Call([1, 2, 3, 4, 5, 6, 7], [8], [-0.3], "stop"),
+             Call([1, 9], [10], [-0.4], "stop"), Call([1, 9, 10], [11], [], "stop")]
+    a, b = sequences(calls)
+    assert (a.prompt_ids, a.tokens, a.sampled, a.logprobs) == ([1, 2, 3], [4, 5, 6, 7, 8], [1, 1, 0, 0, 1],
+                                                                [-0.1, -0.2, 0.0, 0.0, -0.3])
+    assert (b.prompt_ids, b.tokens, b.sampled, b.logprobs) == ([1, 9], [10, 11], [1, 1], [-0.4, 0.0])
+
+
+def test_refused_parameters_answer_400_once_and_fail_the_trajectory(tok):
+    """Each refused parameter is a 400 naming it and why, not retried (x-should-retry: false, default client
+    retries on); the trajectory fails (reward 0, nothing trained), the rollout goes on."""
+    cases = [({"temperature": 0.5}, "temperature is pinned to the run's 1 (rollout.temperature)"),
+             ({"top_p": 0.9}, "top_p=0.9 is refused: it changes the sampled distribution"),
+             ({"n": 2}, "n=2 is refused: one sample per call"),
+             ({"logit_bias": {"5": 10}}, "logit_bias={\"5\": 10} is refused"),
+             ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is refused"),
+             ({"tool_choice": "required"}, "tool_choice=\"required\" is refused: forcing a call needs constrained"),
+             ({"model": "gpt-4o"}, "unknown model 'gpt-4o'; this endpoint serves 'policy'"),
+             ({"extra_body": {"best_of": 3}}, "unsupported parameter 'best_of'"),
+             ({"stop": ["+="]}, "stop \"+=\" is not one token")]
+    seen = []
+
+    async def agent(client, row):
+        kw = dict(cases[row["case"]][0])
+        with pytest.raises(openai.BadRequestError) as e:
+            await client.chat.completions.create(**{"model": MODEL} | kw,
+                                                 messages=[{"role": "user", "content": "1+2="}])
+        seen.append((row["case"], e.value.status_code, e.value.body["message"], e.value.body["param"]))
+        return 1.0  # caught: still failed, by the refusal
+    rows = [{"prompt": "1+2=", "case": k} for k in range(len(cases))]
+    trajs, stats, engine, endpoint = run(tok, agent, rows)
+    assert stats.failed == len(cases) and not engine.calls
+    for k, status, message, param in sorted(seen):
+        assert status == 400 and cases[k][1] in message, (message, cases[k][1])
+    assert all(x.error and x.tokens == [] for x in trajs)
+    assert endpoint.answered == len(cases)  # one request each: no retries
+
+
+def test_the_token_is_required_and_per_trajectory(tok):
+    """No token or a wrong token: 401; another trajectory's token reaches only that trajectory."""
+    endpoint = Endpoint(tok, 1.0, 16, 96, 4)
+    try:
+        s = endpoint.open(0)
+
+        async def main():
+            for key in ("", "not-a-token", s.token[:-1] + "x"):
+                c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0)
+                with pytest.raises(openai.AuthenticationError) as e:
+                    await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
+                assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
+            import httpx
+            async with httpx.AsyncClient() as h:
+                r = await h.post(endpoint.base_url + "/chat/completions", json={"model": MODEL, "messages": []})
+                assert r.status_code == 401 and r.headers["x-should-retry"] == "false"
+                r = await h.get(endpoint.base_url + "/models", headers={"Authorization": f"Bearer {s.token}"})
+                assert r.json()["data"][0]["id"] == MODEL
+        asyncio.run(main())
+        assert endpoint.httpd.server_address[0] == "127.0.0.1" and s.failed is None
+    finally:
+        endpoint.shutdown()
+
+
+def test_agent_failures_are_per_trajectory_and_the_budget_is_a_429(tok):
+    """An agent that raises, one that runs past its time, one past its call budget: each fails only its own
+    trajectory (aborting its request in flight); the others score."""
+    async def agent(client, row):
+        if row["kind"] == "raise":
+            raise KeyError("answer")
+        if row["kind"] == "slow":
+            await asyncio.sleep(30)
+        if row["kind"] == "greedy":
+            for _ in range(3):  # the budget is 2 calls
+                await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": row["prompt"]}])
+        return await tool_agent(client, row)
+    rows = [dict(ROWS[0], kind=k) for k in ("ok", "raise", "slow", "greedy", "ok")]
+    trajs, stats, _, _ = run(tok, agent, rows, max_calls=2, timeout_s=1.0)
+    assert [x.env_reward for x in trajs] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert stats.failed == 2 and stats.timeouts == 1
+    assert "the agent raised KeyError: 'answer'" in trajs[1].error and trajs[2].timed_out
+    assert "call budget spent: 2 calls per trajectory (rollout.max_turns)" in trajs[3].error
+    assert all(x.tokens == [] for x in trajs[1:4]) and trajs[0].model_tokens > 0
+
+
+def test_many_agents_of_random_latency_connect_at_once_and_all_finish(tok):
+    """128 agents, 128 at once: each opens its connection in the same instant (the server's listen backlog)."""
+    async def agent(client, row):
+        await asyncio.sleep(random.Random(row["i"]).random() * 0.05)
+        return await tool_agent(client, row)
+    rows = [{"prompt": f"{10 + i % 80}+{20 + i % 70}=", "answer": str(30 + i % 80 + i % 70), "i": i}
+            for i in range(128)]
+    trajs, stats, engine, _ = run(tok, agent, rows, workers=128)
+    assert [x.env_reward for x in trajs] == [1.0] * 128 and stats.calls == 256 and not any(
+        c[0] == "abort" for c in engine.calls)
+
+
+def test_an_agent_must_be_an_async_function():
+    def agent(client, row):
+        return 1.0
+    with pytest.raises(ValueError, match=r"^rollout.agent 'x:agent' is a plain function, not an async function"):
+        agents.check_agent(agent, "x:agent")
+    agents.check_agent(tool_agent, "x")
+
+
+def test_completions_take_text_or_token_ids_and_ids_extend_the_sequence(tok):
+    """/v1/completions: a text prompt is encoded once; a token-id prompt is used as is, so an agent that sends
+    the previous prompt + completion ids + its own ids continues one sequence (TITO by hand)."""
+    seen = {}
+
+    async def agent(client, row):
+        p1 = tooladd.prompt_ids(tok, row["prompt"])
+        r1 = await client.completions.create(model=MODEL, prompt=p1, max_tokens=16)
+        seen["text"] = r1.choices[0].text
+        ids = p1 + engine_out[0] + tok.encode("\n<|im_start|>user\n<tool_response>\n85\n</tool_response><|im_end|>\n"
+                                              "<|im_start|>assistant\n", add_special_tokens=False)
+        await client.completions.create(model=MODEL, prompt=ids, max_tokens=16)
+        r3 = await client.completions.create(model=MODEL, prompt="47+38=", max_tokens=4)
+        seen["usage"] = r3.usage.prompt_tokens
+        return 1.0
+
+    class Recording(StepEngine):
+        def submit(self, rid, prompt, *a, **kw):
+            super().submit(rid, prompt, *a, **kw)
+            engine_out.append(self.live[rid][0].token_ids)
+    engine_out = []
+    trajs, stats, engine, _ = run(tok, agent, ROWS[:1], engine=Recording(tok))
+    x = trajs[0]
+    assert stats.calls == 3 and stats.failed == 0 and stats.dropped_sequences == 1  # the text call: a new sequence
+    assert seen["text"] == tok.decode(engine_out[0]) and seen["usage"] == len(tok.encode("47+38=",
+                                                                                         add_special_tokens=False))
+    assert x.prompt_ids == tok.encode("47+38=", add_special_tokens=False) and x.tokens == engine_out[2]
+    adds = [c for c in engine.calls if c[0] == "add"]
+    assert adds[1][2][:len(adds[0][2]) + len(engine_out[0])] == adds[0][2] + engine_out[0]

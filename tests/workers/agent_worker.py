@@ -1,0 +1,109 @@
+"""torchrun worker: agents through the endpoint over one real vLLM engine at TP=2 (tests/test_agents.py).
+
+    torchrun --nproc-per-node 2 tests/workers/agent_worker.py OUT_JSON
+
+One rollout of 16 prompts x 2 samples on the tool task's warm start (rlcore.tasks.tooladd), each rank running
+the agents of the trajectories it owns, with a random (unseeded, so different on each rank) pause before every
+call. The agents differ by trajectory: i % 4 == 0 the recipe's tool agent, 1 the same after rewriting its
+history (the second call drops the first), 2 one that raises after its first call, 3 one that asks for
+temperature 0.3 (refused). Each rank records every engine call it makes; rank 0 writes what every rank saw, with
+each rank's largest |engine - trainer| logprob over its trajectories' model tokens.
+"""
+import asyncio
+import importlib.util
+import json
+import random
+import sys
+
+import torch
+import torch.distributed as dist
+
+from rlcore import models
+from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
+from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.rollout import RolloutEngine, agents
+from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.turns import Trajectory, to_batch
+from rlcore.tasks import tooladd
+
+spec = importlib.util.spec_from_file_location("recipe", tooladd.Path(__file__).parents[2] / "recipes" /
+                                              "tooladd_agent.py")
+recipe = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(recipe)
+
+
+class Recorder:
+    """The engine's request-by-request calls, passed through and written down."""
+
+    def __init__(self, engine):
+        self.engine, self.log = engine, []
+
+    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None):
+        self.log.append(["add", rid, list(prompt), max_tokens, seed])
+        self.engine.submit(rid, prompt, max_tokens, temperature, seed, stop_token_ids)
+
+    def step(self):
+        out = self.engine.step()
+        self.log.append(["step", [rid for rid, _ in out]])
+        return out
+
+    def busy(self):
+        return self.engine.busy()
+
+    def abort(self, rids):
+        if rids:
+            self.log.append(["abort", list(rids)])
+        self.engine.abort(rids)
+
+
+async def agent(client, row):
+    kind = row["i"] % 4
+    await asyncio.sleep(random.random() * 0.03)
+    if kind == 0:
+        return await recipe.agent(client, row)
+    user = [{"role": "user", "content": row["prompt"]}]
+    if kind == 3:
+        await client.chat.completions.create(model=MODEL, messages=user, tools=recipe.TOOLS, temperature=0.3)
+    r = await client.chat.completions.create(model=MODEL, messages=user, tools=recipe.TOOLS)
+    if kind == 2:
+        raise RuntimeError("the agent's own bug")
+    await asyncio.sleep(random.random() * 0.03)
+    text = r.choices[0].message.content or "?"
+    r = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": row["prompt"] + text}])
+    return 0.5
+
+
+out = sys.argv[1]
+init_distributed()
+tooladd.prepare()
+cfg = Config(model=ModelConfig(path=str(tooladd.model_dir())), data=DataConfig(max_prompt_tokens=32),
+             rollout=RolloutConfig(tensor_parallel=2, cpu_kv_cache_gb=0.25, max_new_tokens=16, max_total_tokens=32))
+dims = ParallelDims(dist.get_world_size(), 2)
+fsdp_mesh, rollout_mesh = build_meshes(dims)
+tp_rank, tp_group = rollout_mesh.get_local_rank("tp"), rollout_mesh.get_group("tp")
+engine = RolloutEngine(cfg, max_model_len=64)
+policy = models.shard(models.load_causal_lm(cfg.model), fsdp_mesh, cfg.model)
+from transformers import AutoTokenizer  # noqa: E402
+
+tokenizer = AutoTokenizer.from_pretrained(str(tooladd.model_dir()))
+endpoint = Endpoint(tokenizer, 1.0, 16, 64, 3)
+rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in zip(range(17, 97, 5), range(38, 98, 4))]
+trajs = [Trajectory(tooladd.prompt_ids(tokenizer, r["prompt"]), r | {"i": 2 * i + j}, seed=1000 * i + j,
+                    owner=i // 8) for i, r in enumerate(rows) for j in range(2)]
+rec = Recorder(engine)
+stats = agents.rollout(rec, endpoint, agent, trajs, 1.0, 60.0, 64, tp_rank, tp_group)
+endpoint.shutdown()
+mine = [x for x in trajs if x.owner == tp_rank]
+batch = to_batch(mine, tokenizer.pad_token_id, 1, 32)
+with torch.no_grad():
+    trainer = models.token_logprobs(policy, batch.input_ids, batch.attention_mask, 1.0)
+result = {"calls": rec.log, "diff": ((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max().item(),
+          "model_tokens": batch.loss_mask.sum().item(), "rewards": [x.env_reward for x in trajs],
+          "errors": {x.row["i"]: x.error for x in mine if x.error}, "timed_out": [x.timed_out for x in trajs],
+          "dropped": stats.dropped_sequences, "failed": stats.failed, "calls_n": stats.calls,
+          "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine}}
+everything = [None] * dist.get_world_size()
+dist.all_gather_object(everything, result)
+if dist.get_rank() == 0:
+    json.dump(everything, open(out, "w"))
+print(f"rank {dist.get_rank()}: {stats.calls} calls, {stats.failed} failed, diff {result['diff']:.2e}", flush=True)
