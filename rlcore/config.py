@@ -299,9 +299,10 @@ def check_stream(cfg: Config, dims) -> None:
     if dims.rollout_ranks != 1:
         raise ValueError(f"rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got "
                          f"{dims.rollout_ranks}); more engines or tensor parallelism are not built yet")
-    if r.env:
-        raise ValueError("rollout.stream=true runs single-turn rollouts: set rollout.env= (multi-turn streaming is "
-                         "not built yet)")
+    if r.env or r.agent:
+        key = "rollout.env" if r.env else "rollout.agent"
+        raise ValueError(f"rollout.stream=true runs single-turn rollouts: set {key}= (multi-turn streaming is not "
+                         f"built yet)")
     if getattr(cfg.algorithm, "dynamic_sampling", 0):
         raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
     if r.max_running and r.max_running < r.group_size:
