@@ -14,7 +14,9 @@ Layout (one rank's share of a step, B sequences):
     advantages      [B, T]  per-token advantage, written by the algorithm
     returns         [B, T]  value targets, written by algorithms with a critic
     versions        [B]     the policy version (optimizer steps) of the weights that sampled each sequence;
-                            set in a split mesh (rlcore/split.py), None when colocated (always current)
+                            set in a split mesh (rlcore/split.py), None when colocated (always current);
+                            streaming (rlcore/stream.py): the oldest version among the sequence's tokens
+    token_versions  [B, T]  streaming: the version that sampled each response token (0 where loss_mask is 0)
 
 Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
 """
@@ -41,6 +43,7 @@ class Batch:
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
     versions: torch.Tensor | None = None
+    token_versions: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

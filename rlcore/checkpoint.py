@@ -126,7 +126,8 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
     # A split one's rollout ranks continue as they were (prompt streams, batches in flight): only the trainer count
     # may change.
     split = saved["config"].get("rollout.ranks", 0)
-    for key in ("rollout.ranks", "rollout.max_staleness") + (("rollout.tensor_parallel",) if split else ()):
+    layout = ("rollout.ranks", "rollout.max_staleness", "rollout.stream")
+    for key in layout + (("rollout.tensor_parallel",) if split else ()):
         if saved["config"].get(key, 0) != meta["config"].get(key, 0):
             raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key, 0)}, but this "
                              f"run has {key}={meta['config'].get(key, 0)}; resume with the same layout")

@@ -84,6 +84,11 @@ class RolloutConfig:
     # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
     # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
+    # Streaming (rlcore/stream.py), with a split mesh: the engine never drains; it keeps up to max_running
+    # sequences running, admits the next prompt group as soon as there is room, and loads each new version
+    # between two engine steps under the requests in flight. max_staleness bounds every token's age.
+    stream: bool = False
+    max_running: int = 0  # streaming: sequences running at once on the engine; 0 = one step's batch
 
 
 @dataclass
@@ -276,9 +281,33 @@ def validate(cfg: Config, dims) -> None:
                          f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
     if dims.split and models_of(cfg).engine_lora:
         raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
+    if r.stream:
+        check_stream(cfg, dims)
     if dims.split and any(spec.model for spec in cfg.rewards):
         raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "
                          "rewards are scored on the rollout ranks, which hold no models; use a reward function")
+
+
+def check_stream(cfg: Config, dims) -> None:
+    """Streaming's own limits (rlcore/stream.py), before anything loads."""
+    r = cfg.rollout
+    if not dims.split:
+        raise ValueError("rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)")
+    if not cfg.algorithm.corrects_off_policy:
+        raise ValueError("rollout.stream=true loads weights under requests in flight, so samples span versions: "
+                         "the loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
+    if dims.rollout_ranks != 1:
+        raise ValueError(f"rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got "
+                         f"{dims.rollout_ranks}); more engines or tensor parallelism are not built yet")
+    if r.env or r.agent:
+        key = "rollout.env" if r.env else "rollout.agent"
+        raise ValueError(f"rollout.stream=true runs single-turn rollouts: set {key}= (multi-turn streaming is not "
+                         f"built yet)")
+    if getattr(cfg.algorithm, "dynamic_sampling", 0):
+        raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
+    if r.max_running and r.max_running < r.group_size:
+        raise ValueError(f"rollout.max_running={r.max_running} is below one prompt group (rollout.group_size="
+                         f"{r.group_size}): the engine could never admit a group; valid: >= {r.group_size}")
 
 
 def _at_least(low):
@@ -329,6 +358,7 @@ VALID = {
     "rollout.schedule": _one_of("lockstep", "continuous"),
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
+    "rollout.max_running": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),

@@ -131,9 +131,32 @@ def check_models(cfg: Config, dims: ParallelDims, nproc_per_node: int):
         raise ValueError(f"data.max_prompt_tokens + rollout.{which} = {cfg.data.max_prompt_tokens + after} does "
                          f"not fit the engine context (rollout.max_model_len={max_model_len}, model max {context})")
     fit = check_plan(cfg, dims.world_size, nproc_per_node)
+    if cfg.rollout.stream:
+        check_running(cfg, hf_config, max_model_len, fit[0].kv_bytes if fit[0] else None)
     for key, path in weights.items():  # last: reads the headers of every weights file
         models.check_weights(path, key)
     return hf_config, max_model_len, fit
+
+
+def check_running(cfg: Config, hf_config, max_model_len: int, kv_bytes: int | None) -> None:
+    """Streaming: rollout.max_running sequences of the engine context must fit its KV cache at once, or the
+    engine would preempt them itself (rlcore/stream.py counts on running what it admitted)."""
+    r = cfg.rollout
+    running = r.max_running or r.prompts_per_step * r.group_size
+    budget = kv_bytes if torch.cuda.is_available() else r.cpu_kv_cache_gb * 2**30
+    if not budget:  # CUDA without a plan: vLLM sizes the cache from gpu_memory_utilization at startup
+        return
+    dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
+    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    per_token = 2 * hf_config.num_hidden_layers * heads * head_dim * getattr(torch, dtype).itemsize
+    per_sequence = -(-max_model_len // 16) * 16 * per_token  # vLLM allocates 16-token blocks
+    fits = int(budget // per_sequence)
+    if running > fits:
+        key = "rollout.max_running" if r.max_running else "rollout.max_running=0 (one step's batch)"
+        raise ValueError(f"{key} = {running} sequences do not fit the engine's KV cache: {budget / 2**20:,.0f} MiB "
+                         f"holds {fits} sequences of {max_model_len} tokens ({per_sequence / 2**10:,.0f} KiB each); "
+                         f"valid: {r.group_size}-{fits}")
 
 
 def check_teacher(teacher: str, student: str, student_config) -> None:

@@ -13,8 +13,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, transfer, update,
-                    watchdog)
+from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer,
+                    update, watchdog)
 from rlcore.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config, Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
@@ -193,7 +193,9 @@ def train(cfg: Config) -> dict[str, float]:
     report.mesh = layout(cfg, run.dims, run.models, len(run.rollout.reward_models) if run.rollout else 0)[0]
     loop = Loop(run, report, stop)
     try:
-        summary = split.train(run, loop) if run.dims.split else colocated(run, loop)
+        # rlcore/stream.py: the split mesh whose engines never drain
+        mode = (stream.train if cfg.rollout.stream else split.train) if run.dims.split else colocated
+        summary = mode(run, loop)
         if run.rollout and run.rollout.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
             start, end = summary["eval/accuracy_start"], summary["eval/accuracy_end"]

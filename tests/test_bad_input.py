@@ -139,6 +139,8 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
     ("rollout.ranks=1", "rollout.ranks=1 must be a multiple of rollout.tensor_parallel=1 below the world size 1 "
                         "(the rest of the ranks train); valid: none or 0 (colocated)"),
     ("rollout.max_staleness=1", "rollout.max_staleness=1 needs a split mesh: set rollout.ranks"),
+    ("rollout.stream=true", "rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)"),
+    ("rollout.max_running=-8", "rollout.max_running must be >= 0 (got -8)"),
     ("train.watchdog_s=0", "train.watchdog_s must be a finite number of seconds > 0 (got 0.0)"),
     ("train.watchdog_s=-30", "train.watchdog_s must be a finite number of seconds > 0 (got -30.0)"),
     ("train.watchdog_s=inf", "train.watchdog_s must be a finite number of seconds > 0 (got inf)"),

