@@ -296,6 +296,11 @@ def prepare_cached(version: str, build) -> Path:
     target = cache_dir() / version
     if (target / "meta.json").exists():
         return target
+    import torch.distributed as dist
+    if dist.is_initialized() and dist.get_rank() != 0:
+        # transformers' save_pretrained writes model files on global rank 0 only: a build here would be empty
+        raise RuntimeError(f"{target} is not built: build it on rank 0 (the recipe's prepare hook does) before "
+                           f"other ranks read it")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=target.parent))
     try:

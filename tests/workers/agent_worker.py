@@ -75,7 +75,9 @@ async def agent(client, row):
 
 out = sys.argv[1]
 init_distributed()
-tooladd.prepare()
+if dist.get_rank() == 0:  # the warm start's cache, built once (transformers saves model files on rank 0 only)
+    tooladd.prepare()
+dist.barrier()
 cfg = Config(model=ModelConfig(path=str(tooladd.model_dir())), data=DataConfig(max_prompt_tokens=32),
              rollout=RolloutConfig(tensor_parallel=2, cpu_kv_cache_gb=0.25, max_new_tokens=16, max_total_tokens=32))
 dims = ParallelDims(dist.get_world_size(), 2)
