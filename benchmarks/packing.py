@@ -57,6 +57,7 @@ def worker(args) -> None:
     import torch
 
     from rlcore import forward, models, update
+    from rlcore.run import Trainer
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import ModelConfig, OptimConfig, RolloutConfig, TrainConfig, Config
     from rlcore.parallel import init_distributed
@@ -73,8 +74,7 @@ def worker(args) -> None:
     optimizer, scheduler = models.build_optimizer(policy, OptimConfig(lr=1e-6, schedule="constant"), 100)
     cfg = Config(model=mcfg, algorithm=GRPO(loss_agg="token-mean"), rollout=RolloutConfig(temperature=1.0),
                  train=TrainConfig(micro_batch_size=args.micro_batch_size, max_tokens_per_micro_batch=args.budget))
-    run = SimpleNamespace(cfg=cfg, policy=policy, critic=None, optimizer=optimizer, scheduler=scheduler,
-                          critic_optimizer=None, critic_scheduler=None)
+    run = SimpleNamespace(cfg=cfg, trainer=Trainer(policy, optimizer, scheduler))
     template = make_batch(args.sequences, policy.config.vocab_size)
     real = int(template.attention_mask.sum())
     base_kb = status_kb("VmRSS")

@@ -117,8 +117,8 @@ def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
     trainer_mesh, _ = build_meshes(ParallelDims(world, 1, R))  # collective: the trainers' own FSDP group
     link = transfer.Link.make(R, world)
     trains = rank >= R
-    run = SimpleNamespace(policy=models.shard(models.load_causal_lm(cfg.model), trainer_mesh, cfg.model)
-                          if trains else None, engine=engine)
+    policy = models.shard(models.load_causal_lm(cfg.model), trainer_mesh, cfg.model) if trains else None
+    run = SimpleNamespace(trainer=SimpleNamespace(policy=policy) if trains else None, engine=engine)
     drain = SimpleNamespace(load=lambda weights: [None for _ in weights], version=0, dtype=engine.dtype)
     buf = torch.empty(nbytes // 4)
     header = {"version": 1, "metrics": {}, "probe": None, "error": None}

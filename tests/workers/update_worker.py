@@ -27,6 +27,7 @@ from rlcore.batch import Batch
 from rlcore.config import Config, CriticConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
 from rlcore.objectives import AGG_MODES
 from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.run import Trainer
 
 BUDGETS = (0, 16, 40)  # 16: rank 0's 30- and 25-token sequences exceed it and run alone
 LENGTHS = [[30, 12, 25, 8], [5, 4, 6, 3]]  # real tokens per row, by rank
@@ -72,9 +73,9 @@ def new_run(budget: int, agg: str, mini_batches: int = 2) -> SimpleNamespace:
                                    logprob_chunk_tokens=7))
     optimizer, critic_optimizer = RecordingSGD(policy.parameters()), RecordingSGD(critic.parameters())
     constant = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)  # noqa: E731
-    return SimpleNamespace(cfg=cfg, policy=policy, critic=critic, optimizer=optimizer,
-                           scheduler=constant(optimizer), critic_optimizer=critic_optimizer,
-                           critic_scheduler=constant(critic_optimizer))
+    return SimpleNamespace(cfg=cfg, trainer=Trainer(policy, optimizer, constant(optimizer), critic=critic,
+                                                    critic_optimizer=critic_optimizer,
+                                                    critic_scheduler=constant(critic_optimizer)))
 
 
 run = new_run(0, "token-mean")
@@ -157,8 +158,8 @@ for budget in BUDGETS[:2]:  # on-policy: old logprobs from a separate pass vs fr
     result[f"on_policy/{budget}/moved_before_step"] = max(runs[True].moved, runs[False].moved)
     result[f"on_policy/{budget}/moved_after"] = min(runs[True].moved_after, runs[False].moved_after)
     result[f"on_policy/{budget}/grad"] = max((x - y).abs().max().item() for name in ("optimizer", "critic_optimizer")
-                                             for x, y in zip(getattr(runs[True], name).grads,
-                                                             getattr(runs[False], name).grads))
+                                             for x, y in zip(getattr(runs[True].trainer, name).grads,
+                                                             getattr(runs[False].trainer, name).grads))
     result[f"on_policy/{budget}/metrics"] = max(abs(runs[False].metrics[k] - v) for k, v in runs[True].metrics.items())
     result[f"on_policy/{budget}/steps"] = runs[False].metrics["optim/steps_applied"]
 
