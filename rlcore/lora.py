@@ -32,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from rlcore.config import LoraConfig, OptimConfig, models_of
+from rlcore.config import LoraConfig, OptimConfig
+from rlcore.roles import models_of
 
 # The engine's max_lora_rank must be one of these (vllm/config/lora.py, MaxLoRARanks, vLLM 0.32); an
 # adapter of any rank up to it is served (vLLM pads it), so rlcore rounds lora.rank up to the next one.

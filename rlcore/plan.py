@@ -61,7 +61,8 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-from rlcore.config import Config, models_of, validate
+from rlcore.config import Config, validate
+from rlcore.roles import models_of
 from rlcore.parallel import ParallelDims
 from rlcore.shapes import Shapes, read_config
 

@@ -3,7 +3,7 @@ rlcore/plan.py's: its Plan.render() calls `render` here, which reads the Plan an
 them (that would be an import circle)."""
 from __future__ import annotations
 
-from rlcore.config import models_of
+from rlcore.roles import models_of
 
 GB = 2**30
 

@@ -23,7 +23,8 @@ import torch.distributed as dist
 
 from rlcore import checkpoint, lora, models, plan, rewards, watchdog
 from rlcore.collectives import first_error
-from rlcore.config import Config, models_of, validate
+from rlcore.config import Config, validate
+from rlcore.roles import models_of
 from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.errors import describe
 from rlcore.parallel import ParallelDims

@@ -7,7 +7,7 @@
 
 Colocated, every rank holds both parts; in a split mesh (rlcore/split.py) a rollout rank's `trainer` and a
 trainer rank's `rollout` are None. Which models a run builds is decided once, by
-`rlcore.config.models_of`.
+`rlcore.roles.models_of`.
 
 It sits below the stages (rollout/collect.py, logprobs.py, update.py, rewards.py): they read the fields
 they use from it, and none of them imports the trainer, which sits on top as the loop.
@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # types only: the run state imports nothing of the stages it is handed to
     import torch
 
-    from rlcore.config import Config, Models
+    from rlcore.config import Config
+    from rlcore.roles import Models
     from rlcore.data import PromptStream
     from rlcore.metrics import RunLogger
     from rlcore.parallel import ParallelDims

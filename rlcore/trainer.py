@@ -16,7 +16,8 @@ import torch.distributed as dist
 from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer,
                     update, watchdog)
 from rlcore.collectives import Preempted, all_max, all_sum
-from rlcore.config import Config, Models, models_of
+from rlcore.config import Config
+from rlcore.roles import Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
 from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
 from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed

@@ -2,7 +2,6 @@
 estimator's expectation against the exact reverse KL, and the teacher checks through the warm entry server
 (one line naming algorithm.teacher, exit 2, before any engine starts)."""
 import json
-import math
 import shutil
 
 import pytest

@@ -9,7 +9,6 @@ token matches an engine holding the version it is tagged with; a corrupted in-fl
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from rlcore import lora, watchdog
-from rlcore.config import Config, models_of
+from rlcore.config import Config
+from rlcore.roles import models_of
 from rlcore.weights import checkpoint_weights
 
 # vLLM logs every request batch at INFO; a training run wants its own progress lines.
