@@ -78,24 +78,25 @@ def tokenize_prompts(table: datasets.Dataset, cfg: DataConfig, tokenizer, field:
         raise ValueError(f"data.prompt_column '{cfg.prompt_column}' is not a column of {field} "
                          f"(columns: {', '.join(table.column_names)})")
 
-    def encode(row):
-        text = row[cfg.prompt_column]
-        if cfg.chat_template:
-            turns = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
-            turns.append({"role": "user", "content": text})
-            ids = tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in transformers 5
-        else:
-            ids = tokenizer(text).input_ids
-        return {"prompt_ids": list(ids)}
-
-    table = table.map(encode, keep_in_memory=True)
+    table = table.map(lambda row: {"prompt_ids": render_prompt(tokenizer, cfg, row[cfg.prompt_column], tools)},
+                      keep_in_memory=True)
     kept = table.filter(lambda row: len(row["prompt_ids"]) <= cfg.max_prompt_tokens, keep_in_memory=True)
     if len(kept) == 0:
         shortest = min(len(ids) for ids in table["prompt_ids"])
         raise ValueError(f"no prompt of {field} fits data.max_prompt_tokens={cfg.max_prompt_tokens} (the shortest "
                          f"has {shortest} tokens)")
     return kept
+
+
+def render_prompt(tokenizer, cfg: DataConfig, text: str, tools: list[dict] | None = None) -> list[int]:
+    """One prompt's ids: `text` as the user turn of the chat template (after data.system_prompt, with the
+    tools' schemas), or tokenized as it is without data.chat_template."""
+    if not cfg.chat_template:
+        return list(tokenizer(text).input_ids)
+    turns = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
+    turns.append({"role": "user", "content": text})
+    ids = tokenizer.apply_chat_template(turns, tools=tools, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in transformers 5
 
 
 class PromptStream:

@@ -56,14 +56,23 @@ class Step:
     done: bool = False  # the trajectory ends after this step
 
 
+@dataclass
+class PromptText:
+    """What reset() may return instead of prompt tokens: text added to the end of the prompt's user message,
+    after which the prompt is rendered again (the chat template with the environment's tools, or the plain
+    text tokenized). A prompt it makes longer than data.max_prompt_tokens fails its trajectory."""
+    text: str
+
+
 class Env:
     """Optional base class: an environment only needs `step`; these are the defaults of the rest."""
 
     max_turns: int = 1  # model turns at most
     stop: tuple[str, ...] = ()  # one-token strings that end a model turn besides EOS (kept in the tokens)
 
-    def reset(self) -> str | list[int] | list[dict] | None:
-        """Extra prompt tokens before the first model turn (text, ids or chat messages), or None."""
+    def reset(self) -> str | list[int] | list[dict] | PromptText | None:
+        """Extra prompt tokens before the first model turn (text, ids or chat messages), text for the prompt's
+        user message (PromptText), or None."""
         return None
 
     def step(self, action: str, action_ids: list[int]) -> Step:

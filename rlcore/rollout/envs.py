@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from rlcore import rewards
+from rlcore.data import render_prompt
 from rlcore.errors import describe
 from rlcore.rollout.env import check_env
 from rlcore.rollout.observation import encoder
@@ -53,7 +54,20 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
     # any observation -> bounded, cleaned, encodable ids (rlcore.rollout.observation)
     encode = encoder(tokenizer, vocab_size, r.max_total_tokens or r.max_new_tokens)
     return Envs(factory, spec, turns, stop_ids, r.env_timeout_s, r.env_workers, encode, decode, r.turn_deadline_s,
-                r.max_tool_calls)
+                r.max_tool_calls, prompt=prompt_renderer(cfg.data, tokenizer, toolbox))
+
+
+def prompt_renderer(data, tokenizer, toolbox):
+    """(row, text) -> the row's prompt ids with `text` added to its user message (reset()'s PromptText)."""
+    schemas = toolbox.schemas if toolbox else None
+
+    def render(row: dict, text: str) -> list[int]:
+        ids = render_prompt(tokenizer, data, row[data.prompt_column] + text, schemas)
+        if len(ids) > data.max_prompt_tokens:
+            raise ValueError(f"it is {len(ids)} tokens, more than data.max_prompt_tokens={data.max_prompt_tokens}")
+        return ids
+
+    return render
 
 
 

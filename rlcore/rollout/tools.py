@@ -50,6 +50,7 @@ chat template renders the tools; prompts are rendered with `apply_chat_template(
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 from dataclasses import astuple, dataclass, fields
@@ -174,6 +175,13 @@ class Toolbox:
     @property
     def names(self) -> list[str]:
         return list(self.functions)
+
+    def bind(self, owner: Any) -> Toolbox:
+        """A copy whose tools are `owner`'s attributes of the same names: tools declared as methods of a class
+        (their schemas made once, from the class), called on one instance. The schemas are shared, not rebuilt."""
+        bound = copy.copy(self)
+        bound.functions = {name: getattr(owner, name) for name in self.functions}
+        return bound
 
     def check_template(self, tokenizer, model_path: str) -> None:
         """Raise a one-line ValueError unless the tokenizer's chat template shows the model every tool."""

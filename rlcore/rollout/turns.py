@@ -43,8 +43,8 @@ import torch
 import torch.distributed as dist
 
 from rlcore.config import RolloutConfig
-from rlcore.rollout.env import as_step, call_all
-from rlcore.rollout.observation import Unencodable
+from rlcore.rollout.env import PromptText, as_step, call_all
+from rlcore.rollout.observation import Unencodable, clean
 
 
 @dataclass
@@ -99,6 +99,7 @@ class Envs:
     max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
     agent: Callable | None = None  # rollout.agent (rlcore.rollout.agents): trajectories are its calls; factory is None
     endpoint: Any = None  # the agent's endpoint on this rank, started at the first rollout
+    prompt: Callable[[dict, str], list[int]] | None = None  # (row, reset's PromptText) -> the prompt's new ids
 
 
 def turn_seed(first_seed: int, turn: int) -> int:
@@ -117,8 +118,8 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
         mine = [i for i, x in enumerate(trajs) if x.owner == tp_rank]
         outs = call_all([lambda x=trajs[i]: start(x, envs.factory) for i in mine], envs.timeout_s, envs.workers,
                         envs.turn_s, envs.max_tool_calls)
-        results = {i: outcome(o, lambda v: envs.encode(v) if v not in (None, "", []) else [],
-                              "creating it or in reset()") for i, o in zip(mine, outs)}
+        results = {i: outcome(o, lambda v, x=trajs[i]: reset_ids(v, x, envs), "creating it or in reset()")
+                   for i, o in zip(mine, outs)}
         for i, res in share(results, tp_group).items():
             apply_reset(trajs[i], res, max_total)
         stats.env_s += time.perf_counter() - t
@@ -167,6 +168,20 @@ def start(x: Trajectory, factory: Callable):
     return x.env.reset() if callable(getattr(x.env, "reset", None)) else None
 
 
+def reset_ids(value, x: Trajectory, envs: Envs) -> list[int] | dict:
+    """reset()'s return -> ids to append after the prompt, or {"prompt": ids} for the prompt rendered again
+    with PromptText in its user message."""
+    if not isinstance(value, PromptText):
+        return envs.encode(value) if value not in (None, "", []) else []
+    if not isinstance(value.text, str):
+        raise TypeError(f"reset() returned PromptText of a {type(value.text).__name__}, not text")
+    try:
+        ids = envs.prompt(x.row, clean(value.text))
+    except Exception as e:  # the text (or the template) refused: this trajectory fails, the run goes on
+        raise Unencodable(f"the prompt with reset()'s text could not be rendered ({' '.join(str(e).split())})") from e
+    return {"prompt": ids}
+
+
 def outcome(o, convert: Callable, where: str) -> dict:
     """An env call's Outcome -> a small picklable dict to share in the group (errors as one-line text)."""
     if o.timed_out:
@@ -201,6 +216,9 @@ def apply_reset(x: Trajectory, res: dict, max_total: int) -> None:
         x.done, x.timed_out, x.error, x.failed = True, "timeout" in res, res.get("error"), res.get("failed")
         return
     ids = res["value"]
+    if isinstance(ids, dict):  # reset() put text into the prompt's user message: the prompt was rendered again
+        x.prompt_ids = ids["prompt"]
+        return
     if len(ids) >= max_total:
         x.done = x.truncated = True  # no room left for the model: nothing to train on
         return
@@ -236,7 +254,7 @@ def sample_turn(engine, trajs: list[Trajectory], active: list[int], turn: int, g
         group = active[i:i + group_size]
         whole = (turn == 0 and group_size > 1 and len(group) == group_size and group[0] % group_size == 0
                  and group[-1] == group[0] + group_size - 1
-                 and all(trajs[j].tokens == x.tokens for j in group))
+                 and all(trajs[j].tokens == x.tokens and trajs[j].prompt_ids == x.prompt_ids for j in group))
         if whole:
             requests.append((x.prompt_ids + x.tokens, group_size, min(max_new_tokens, max_total - len(x.tokens)),
                              turn_seed(x.seed, turn)))

@@ -248,6 +248,31 @@ def prepare(cfg=None) -> None:
     prepare_cached(VERSION, build)
 
 
+COLUMNS = "tooladd-columns-v1"  # the files below; bump when they change
+
+
+def columns_file(name: str) -> Path:
+    """train.jsonl or eval.jsonl with each problem in columns `a` and `b` and an empty prompt (prepare_columns)."""
+    return cache_dir() / COLUMNS / name
+
+
+def prepare_columns(cfg=None) -> None:
+    """prepare(cfg), then the task's files for an environment that writes the problem into the prompt itself
+    (recipes/trl_tooladd.py): {"prompt": "", "a": 47, "b": 38, "answer": "85"} for {"prompt": "47+38=", ...}."""
+    prepare(cfg)
+
+    def build(out_dir: Path) -> None:
+        for name, source in (("train.jsonl", train_file()), ("eval.jsonl", eval_file())):
+            rows = [json.loads(line) for line in source.read_text().splitlines()]
+            split = [r["prompt"].removesuffix("=").split("+") for r in rows]
+            (out_dir / name).write_text("".join(json.dumps({"prompt": "", "a": int(a), "b": int(b),
+                                                            "answer": r["answer"]}) + "\n"
+                                                for r, (a, b) in zip(rows, split)))
+        (out_dir / "meta.json").write_text(json.dumps({"version": COLUMNS, "from": VERSION}) + "\n")
+
+    prepare_cached(COLUMNS, build)
+
+
 if __name__ == "__main__":
     prepare()
     meta = json.loads((cache_dir() / VERSION / "meta.json").read_text())
