@@ -352,6 +352,49 @@ def test_bad_tools(entry, tmp_path, demo_model, no_tools_model, tools, format, h
     assert how != "recipe" or line.startswith(f"rlcore: error: recipe '{file}' failed to run")
 
 
+TRL_RECIPE = '''
+from pathlib import Path
+from rlcore.cli import load_recipe
+from rlcore.rollout.standards import trl_environment, trl_rewards
+
+
+class Env:
+{reset}
+    def add(self, a: int, b: int) -> int:
+{doc}
+        return a + b
+
+
+def correct(completions, answer{kwargs}):
+    return [1.0 for _ in completions]
+
+
+def config():
+    cfg = load_recipe("demo", Path("{root}/recipes"))
+    cfg.rollout.env = trl_environment(Env, max_tool_calling_iterations=1)
+    cfg.rewards = trl_rewards([correct], env=Env)
+    cfg.rollout.max_total_tokens = 16
+    cfg.data.chat_template = True
+    cfg.data.max_prompt_tokens = 40
+    return cfg
+'''
+RESET = "    def reset(self, **row):\n        return None\n"
+DOC = '        """Add two integers.\n\n        Args:\n            a: the first\n            b: the second\n        """'
+
+
+@pytest.mark.parametrize("reset, doc, kwargs, says", [
+    ("", DOC, ", **kwargs", "TRL environment 'Env' has no reset() method; the convention needs reset(**row)"),
+    (RESET, "", ", **kwargs", "TRL environment 'Env': tool 'add' has no docstring; tools need a type hint"),
+    (RESET, DOC, "", "TRL reward function 'correct' takes no **kwargs; TRL calls reward functions with prompts="),
+], ids=["no reset", "a method without docstring", "a reward without kwargs"])
+def test_bad_trl_environment(entry, tmp_path, reset, doc, kwargs, says):
+    """TRL's environment_factory convention (rlcore.rollout.standards): what TRL would refuse stops at startup."""
+    file = tmp_path / "trl_recipe.py"
+    file.write_text(TRL_RECIPE.format(root=ROOT, reset=reset, doc=doc, kwargs=kwargs))
+    line = rejected(entry.train(f"recipe={file}", f"output_dir={tmp_path}/runs"), tmp_path / "runs")
+    assert line.startswith(f"rlcore: error: recipe '{file}': config() raised ValueError: {says}"), line
+
+
 # ------------------------------------------------------------------------------- (e) some ranks only
 
 ONE_RANK = '''
