@@ -14,7 +14,8 @@ such as a secret or a test suite included):
 
     rollout.env = "my_envs.py:Guess"        # the factory: a callable, "module:name" or "file.py:name"
 
-The loop (rlcore.rollout.turns) calls `reset()` once, then after every model turn `step(action_text,
+The loop (rlcore.rollout.turns) calls `reset()` once (it may return prompt tokens to append, or PromptText: text
+for the end of the prompt's user message, rendered again), then after every model turn `step(action_text,
 action_ids)` with that turn's decoded text (special tokens dropped) and its exact token ids, until `done`,
 the turn limit or the token budget ends the trajectory. `step` returns a `Step` or a tuple
 (observation, reward, done). An observation is text (encoded once, without special tokens), token ids, or
