@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, train_cmd
+from conftest import train_cmd
 from rlcore.config import DataConfig
 from rlcore.rollout.env import PromptText
 from rlcore.rollout.standards import trl_environment, trl_reward, trl_rewards
@@ -64,6 +64,15 @@ def test_schemas_are_the_public_methods_in_trl_order():
     assert env.toolbox.schemas == [get_json_schema(Counter().add), get_json_schema(Counter().bump)]
     assert env.toolbox.schemas[0]["function"]["parameters"]["required"] == ["a", "b"]
     assert env.max_turns == 3 and not hasattr(trl_environment(Counter)(ROW), "max_turns")
+
+    class Prompter:  # no tools: its reset writes the prompt, get_reward scores (a TRL environment may do that)
+        def reset(self, **row):
+            return "?"
+
+        def get_reward(self) -> float:
+            return 1.0
+
+    assert trl_environment(Prompter).toolbox.schemas == [] and trl_environment(Prompter)(ROW).step("4", [0]).done
 
 
 def test_reset_tool_dispatch_and_completion():

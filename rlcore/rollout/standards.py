@@ -54,7 +54,7 @@ from typing import Any, Callable
 from rlcore.config import RewardSpec
 from rlcore.rollout.env import PromptText, Step
 from rlcore.rollout.toolcall import parse
-from rlcore.rollout.tools import HINT, Toolbox, ToolStats, tool_schema
+from rlcore.rollout.tools import Toolbox, ToolStats
 
 NOT_TOOLS = ("reset", "get_reward")  # the convention's own methods
 
@@ -139,12 +139,8 @@ def trl_environment(factory: Callable[[], Any], format: str = "hermes",
             max_tool_calling_iterations, int) or max_tool_calling_iterations < 0):
         raise ValueError(f"TRL environment '{name}': max_tool_calling_iterations must be a whole number >= 0 or "
                          f"None (got {max_tool_calling_iterations!r})")
-    methods = tool_methods(cls)
-    if not methods:
-        raise ValueError(f"TRL environment '{name}' has no public methods besides reset/get_reward, so no tools; "
-                         f"{HINT}")
-    try:
-        toolbox = Toolbox(methods, format=format)
+    try:  # no public methods: no tools (reset alone may write the prompt, get_reward score it)
+        toolbox = Toolbox(tool_methods(cls), format=format)
     except ValueError as e:
         raise ValueError(f"TRL environment '{name}': {e}") from None
     attrs: dict[str, Any] = {"factory": staticmethod(factory), "toolbox": toolbox, "__module__": cls.__module__}
