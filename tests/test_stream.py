@@ -5,8 +5,11 @@ covers streaming without a split in tests/test_bad_input.py). Then real torchrun
 FSDP2), 1 engine + 1 trainer at k=1: the same config run with a slow trainer and with a slow engine (killed in
 step 3, resumed) logs the same numbers and exports the same bytes, learns, never exceeds k per token, and each
 token matches an engine holding the version it is tagged with; a corrupted in-flight load trips the probe.
+Multi-turn: the tool task (recipes/tooladd.py, its tool given a random latency) learns streaming, two runs log
+the same numbers and export the same bytes, and SIGTERM mid-run checkpoints, exits 75 and resumes.
 """
 import json
+import re
 import subprocess
 import sys
 
@@ -30,6 +33,11 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
     (["rollout.ranks=2", "rollout.prompts_per_step=16"],
      "rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got 2); more engines or tensor "
      "parallelism are not built yet"),
+    (["rollout.agent=my_agents.py:agent"], "rollout.stream=true runs environments (rollout.env), not agents through "
+                                           "the endpoint: set rollout.agent= (agents do not stream yet)"),
+    (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
+     "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
+     "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
 ])
 def test_bad_stream_settings(overrides, says):
     from rlcore.config import validate
@@ -144,3 +152,40 @@ def test_stream_learns_on_two_fsdp_trainers_at_k2(tmp_path):
     assert max(r["async/token_staleness_max"] for r in rows[1:]) <= 2
     assert all(r["async/dropped_samples"] == 0 for r in rows[1:])
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
+
+
+@pytest.mark.slow
+def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path):
+    """The tool task (2 turns: a call, the answer), 1 engine + 1 trainer at k=1, its tool 0-30 ms late at random.
+    Run A learns +30 points, with turns spanning versions, tool calls and no token more than 1 version old. Run B
+    (other latencies) gets SIGTERM on the engine rank at version 5 with tool calls in flight: every rank exits 75
+    after a complete checkpoint, and until then B logged A's numbers and exported A's bytes (answers join at
+    engine steps fixed by the data: rollout.join_steps). The resume finishes the run."""
+    run = ("recipe=tests/workers/stream_tools.py", *STREAM[1:], "train.steps=8", "train.eval_every=8",
+           "train.export_every=1")
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a = metrics(tmp_path / "a" / "tooladd")
+    assert learned(a) >= 0.3, [r.get("eval/accuracy") for r in a]
+    assert all(r["async/token_staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in a[1:])
+    assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.05 and min(r["tool/calls"] for r in a[1:]) > 0
+    assert all(1 < r["env/turns_mean"] <= 2 and r["async/probe_logprob_diff_max"] < 1e-3 for r in a[1:])
+
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}", env={"TERM_AT_VERSION": "5"})
+    assert rank_exit_codes(proc) == {75}, proc.stderr[-4000:]
+    assert re.search(r"stream_worker: SIGTERM with [1-9]\d* environment calls in flight", proc.stderr)
+    assert "rlcore: stopped: SIGTERM after step 5; checkpoint" in proc.stdout + proc.stderr
+    assert (tmp_path / "b" / "tooladd" / "checkpoints" / "step_5" / "COMPLETE.json").exists()
+    b = metrics(tmp_path / "b" / "tooladd")
+    assert b == a[:6]
+    exported = sorted(p.name for p in (tmp_path / "b" / "tooladd" / "hf").iterdir())
+    assert exported == ["step_1", "step_2", "step_3", "step_4"]
+    for step in exported:
+        weights = f"hf/{step}/model.safetensors"
+        assert (tmp_path / "b" / "tooladd" / weights).read_bytes() == (tmp_path / "a" / "tooladd" / weights).read_bytes()
+
+    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resume: continuing after step 5" in proc.stdout
+    b = metrics(tmp_path / "b" / "tooladd")
+    assert [r["step"] for r in b] == list(range(9)) and max(r["async/token_staleness_max"] for r in b[1:]) <= 1
