@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
-from rlcore.rollout.endpoint import Endpoint
+from rlcore.rollout.endpoint import Endpoint, InProcess
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
@@ -78,9 +78,9 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
     live: dict[str, Request] = {}  # request id -> the request, for requests in the engine (the same on every rank)
     sessions: dict[int, Session] = {}
 
-    # One connection pool for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the
-    # session is the token, not the connection.
-    http = DefaultAsyncHttpxClient()
+    # One HTTP client for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the session
+    # is the token, not the connection. Its transport hands each request to the endpoint in process (InProcess).
+    http = DefaultAsyncHttpxClient(transport=InProcess(endpoint))
 
     async def run_agent(x: Trajectory, s: Session):
         client = AsyncOpenAI(base_url=endpoint.base_url, api_key=s.token, max_retries=0, timeout=timeout_s,
