@@ -19,10 +19,16 @@ the call budget (rollout.max_turns calls) or rollout.env_timeout_s on the whole 
 no loss on its tokens, counted in agent/failed, agent/timeouts.
 
 Training sequences (rlcore.rollout.sessions.sequences): calls that extend each other form one sequence with
-the non-model tokens masked. When the agent rewrote its history, the calls form several sequences; the Batch
-holds one row per trajectory (prompt groups keep their shape for group baselines), so the trajectory trains on
-its last sequence (the one that ended with the answer the reward judged) and the earlier ones are counted in
-agent/dropped_sequences, not trained on.
+the non-model tokens masked. When the agent rewrote its history, the calls form several sequences, and every
+one is trained: they lie one after another in the trajectory's one row of the Batch, each restarting its
+positions (Trajectory.starts -> Batch.position_ids), so each attends only to itself, as if it were a row of its
+own. One row per trajectory keeps the prompt groups' shape, so the group baselines stay per trajectory: the
+trajectory's advantage reaches every model token of every sequence, and the loss sees one sequence per
+trajectory (token-mean counts all its model tokens; seq-mean-token-mean averages them into one sequence).
+
+    calls      [p p] -> [a];  [q q] -> [b]                    (the second call rewrote the history)
+    row        p p a q q b      sampled 0 0 1 0 0 1     position_ids 0 1 2 0 1 2
+agent/rewritten counts the sequences beyond a trajectory's first.
 """
 from __future__ import annotations
 
@@ -47,7 +53,7 @@ class AgentStats(TurnStats):
     calls: int = 0  # engine calls of this group's agents
     failed: int = 0  # trajectories whose agent raised or was refused (this rank's)
     timeouts: int = 0  # ... that ran past rollout.env_timeout_s
-    dropped_sequences: int = 0  # earlier sequences of rewritten histories (not trained on)
+    rewritten: int = 0  # sequences beyond a trajectory's first (rewritten histories; each trained)
     first_error: str = ""  # why the first failed trajectory (of this rank) failed
 
 
@@ -149,7 +155,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
             if not s.closed:  # only after an error
                 endpoint.close(s, "the rollout ended")
     for i, s in sessions.items():
-        stats.dropped_sequences += fill(trajs[i], s)
+        stats.rewritten += fill(trajs[i], s)
         stats.failed += trajs[i].error is not None
         stats.timeouts += trajs[i].timed_out
         stats.first_error = stats.first_error or trajs[i].error or ""
@@ -170,8 +176,9 @@ def end_of(o) -> dict:
 
 
 def fill(x: Trajectory, s: Session) -> int:
-    """The trajectory's tokens from its session: its last sequence (see the module docstring); a failed or timed
-    out trajectory keeps its prompt only (nothing to train on). Returns the sequences left out."""
+    """The trajectory's tokens from its session: every sequence, one after another in its row (see the module
+    docstring); a failed or timed out trajectory keeps its prompt only (nothing to train on). Returns the
+    sequences beyond the first."""
     if s.failed and x.error is None and not x.timed_out:
         x.error = s.failed  # a refused call fails its trajectory even when the agent caught the error
     seqs = sequences(s.calls)
@@ -179,6 +186,12 @@ def fill(x: Trajectory, s: Session) -> int:
     if x.error or x.timed_out or not seqs:
         x.env_reward = 0.0
         return 0
-    last = seqs[-1]
-    x.prompt_ids, x.tokens, x.sampled, x.logprobs = last.prompt_ids, last.tokens, last.sampled, last.logprobs
+    first = seqs[0]
+    x.prompt_ids, x.tokens, x.sampled, x.logprobs = first.prompt_ids, first.tokens, first.sampled, first.logprobs
+    for seq in seqs[1:]:
+        x.starts.append(len(x.prompt_ids) + len(x.tokens))
+        x.append(seq.prompt_ids, False)
+        x.tokens += seq.tokens
+        x.sampled += seq.sampled
+        x.logprobs += seq.logprobs
     return len(seqs) - 1
