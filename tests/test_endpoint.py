@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlcore.rollout import agents, chat
-from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.endpoint import MODEL, Endpoint, InProcess
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.engine import Sample
 from rlcore.rollout.turns import Trajectory, to_batch
@@ -223,6 +223,27 @@ def test_refused_parameters_answer_400_once_and_fail_the_trajectory(tok):
     assert endpoint.answered == len(cases)  # one request each: no retries
 
 
+def test_a_client_of_the_agents_own_reaches_the_same_session_over_http(tok, monkeypatch):
+    """The handed client goes in process (Endpoint.ahandle); a client the agent builds from its base_url and
+    api_key goes over loopback HTTP (a server thread, Endpoint.handle): the same trajectories, token for token."""
+    async def own(client, row):
+        async with openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0) as c:
+            return await tool_agent(c, row)
+    in_process = []
+    ahandle = Endpoint.ahandle
+
+    async def counted(self, *args):
+        in_process.append(args[1])
+        return await ahandle(self, *args)
+    monkeypatch.setattr(Endpoint, "ahandle", counted)
+    handed, *_ = run(tok, tool_agent, ROWS)
+    assert len(in_process) == 4
+    over_http, stats, _, endpoint = run(tok, own, ROWS)
+    assert len(in_process) == 4 and endpoint.answered == 4 and stats.failed == 0
+    assert [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in handed] == \
+        [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in over_http]
+
+
 def test_the_token_is_required_and_per_trajectory(tok):
     """No token or a wrong token: 401; another trajectory's token reaches only that trajectory."""
     endpoint = Endpoint(tok, 1.0, 16, 96, 4)
@@ -231,10 +252,13 @@ def test_the_token_is_required_and_per_trajectory(tok):
 
         async def main():
             for key in ("", "not-a-token", s.token[:-1] + "x"):
-                c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0)
-                with pytest.raises(openai.AuthenticationError) as e:
-                    await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
-                assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
+                for http in (None, openai.DefaultAsyncHttpxClient(transport=InProcess(endpoint))):  # HTTP, in process
+                    c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0,
+                                           http_client=http)
+                    with pytest.raises(openai.AuthenticationError) as e:
+                        await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
+                    assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
+                    assert e.value.response.headers["x-should-retry"] == "false"
             import httpx
             async with httpx.AsyncClient() as h:
                 r = await h.post(endpoint.base_url + "/chat/completions", json={"model": MODEL, "messages": []})
