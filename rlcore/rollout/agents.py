@@ -44,6 +44,7 @@ from rlcore.rollout.endpoint import Endpoint, InProcess
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
+GATHER_S = 0.2  # longest a rollout's first engine step waits for the rank's agents to make their first calls
 _rollouts = iter(range(10**12))  # request ids stay unique across rollouts (the same count on every rank)
 
 
@@ -98,9 +99,16 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
             sessions[i] = endpoint.open(i)
             runner.submit(i, run_agent, x, sessions[i])
     try:
+        gathering = bool(sessions)
         while not all(x.done for x in trajs):
+            # 0. the first calls of a rollout are held until every agent of this rank has made its own (or ended),
+            # at most GATHER_S: they arrive one by one as the agents start, and each engine step taken meanwhile
+            # would run a sliver of the batch (a step costs about as much for 1 sequence as for 128)
+            if gathering:
+                gathering = time.perf_counter() - t0 < GATHER_S and any(
+                    s.started == 0 and not s.closed and i in runner.calls for i, s in sessions.items())
             # 1. agree: this rank's new requests and finished agents, merged over the group
-            local = {("call", r.index, r.call): r for r in endpoint.take()}
+            local = {} if gathering else {("call", r.index, r.call): r for r in endpoint.take()}
             for i, o in runner.finished(timeout_s).items():
                 local[("end", i)] = end_of(o)
             t = time.perf_counter()
