@@ -98,6 +98,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
         if x.owner == tp_rank:
             sessions[i] = endpoint.open(i)
             runner.submit(i, run_agent, x, sessions[i])
+            runner.calls[i][0].add_done_callback(lambda _: endpoint.wake.set())  # an idle loop sees the end at once
     try:
         gathering = bool(sessions)
         while not all(x.done for x in trajs):
