@@ -68,6 +68,7 @@ class Trajectory:
     # Where prompt_ids + tokens hold several sequences (an agent that rewrote its history): the offsets at which
     # the 2nd, 3rd, ... start; each attends only to itself in training (Batch.position_ids). [] = one sequence.
     starts: list[int] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)  # streaming: the weight version of each sampled token
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.tokens += ids
