@@ -86,7 +86,7 @@ class Engine:
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
 
     # ---- the state of the schedule (the same numbers in every run of a config) ----
@@ -176,6 +176,7 @@ class Engine:
         self.clock["steps"] += 1
         self.clock["running"] += running
         self.clock["busy_s"] += (time.perf_counter() - t0) * running / self.max_running
+        self.clock["step_s"] += time.perf_counter() - t0
 
     # ---- the exchanges ----
 
@@ -263,14 +264,15 @@ class Engine:
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run), the same weighted by wall time (stalls count as empty), and the time waiting for weights."""
+        every run), the same weighted by wall time (stalls count as empty), the time waiting for weights, and the time
+        in engine steps (time/collect_s: the engine side's busy time in the summary's split line)."""
         c, now = self.clock, time.perf_counter()
         wall = now - c["t"]
         metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
                    "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
                    "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
-                   "time/wall_s": wall}
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "wait_s": 0.0, "t": now}
+                   "time/collect_s": c["step_s"], "time/wall_s": wall}
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": now}
         return metrics
 
 
