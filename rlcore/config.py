@@ -89,7 +89,10 @@ class RolloutConfig:
     # sequences running, admits the next prompt group as soon as there is room, and loads each new version
     # between two engine steps under the requests in flight. max_staleness bounds every token's age.
     stream: bool = False
-    max_running: int = 0  # streaming: sequences running at once on the engine; 0 = one step's batch
+    max_running: int = 0  # streaming: trajectories in flight at once on the engine; 0 = one step's batch
+    # streaming, lockstep schedule: an environment's answer joins the engine after this many engine steps
+    # (the engine waits there for a late one), so the run does not depend on tool latency (rlcore/stream_turns.py)
+    join_steps: int = 2
 
 
 @dataclass
@@ -281,10 +284,12 @@ def check_stream(cfg: Config, dims) -> None:
     if dims.rollout_ranks != 1:
         raise ValueError(f"rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got "
                          f"{dims.rollout_ranks}); more engines or tensor parallelism are not built yet")
-    if r.env or r.agent:
-        key = "rollout.env" if r.env else "rollout.agent"
-        raise ValueError(f"rollout.stream=true runs single-turn rollouts: set {key}= (multi-turn streaming is not "
-                         f"built yet)")
+    if r.agent:
+        raise ValueError("rollout.stream=true runs environments (rollout.env), not agents through the endpoint: set "
+                         "rollout.agent= (agents do not stream yet)")
+    if r.step_deadline_s:
+        raise ValueError("rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories "
+                         "run across steps): set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)")
     if getattr(cfg.algorithm, "dynamic_sampling", 0):
         raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
     if r.max_running and r.max_running < r.group_size:
@@ -340,7 +345,7 @@ VALID = {
     "rollout.schedule": _one_of("lockstep", "continuous"),
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
-    "rollout.max_running": _at_least(0),
+    "rollout.max_running": _at_least(0), "rollout.join_steps": _at_least(0),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),

@@ -4,10 +4,16 @@
         rollout.max_staleness=1 algorithm.tis_cap=2
 
 The batch-level split (rlcore/split.py) samples each batch whole with one version and waits for its longest
-sample. Here the engine (rank 0) keeps up to rollout.max_running sequences running and admits the next prompt
-group (group_size requests, seeds as split's) as soon as there is room, across step boundaries; the trainers
+sample. Here the engine (rank 0) keeps up to rollout.max_running trajectories in flight and admits the next prompt
+group (group_size trajectories, seeds as split's) as soon as there is room, across step boundaries; the trainers
 take batch b = prompt groups [(b-1)P, bP) of the prompt stream (P = rollout.prompts_per_step), whole, in prompt
 order, so every batch is the same rows in the same order as colocated and split.
+
+Multi-turn (rollout.env, rlcore/stream_turns.py): a trajectory's turns are requests of their own and may span
+versions; its environment runs on the engine rank, and its answers join the engine at an engine step fixed by
+the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
+engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
+its tool counts as in flight (rollout.max_running) but runs nothing in the engine.
 
 Versions and staleness (k = rollout.max_staleness). A group of batch b is admitted only while the engine holds
 a version >= b - 1 - k (admission control). Its tokens are then sampled by that version or newer ones, and the
@@ -21,7 +27,8 @@ alternates two events, as the trainers do: hand over batch b (when all its group
 b, then hand over b + 1, ... Version v (v <= the batches handed) loads at the first step boundary where the
 engine has no request running, or where batch v + 1 is complete, or where admission is blocked by the version
 (there is room, and the next group needs a newer one). If the trainers are late, the engine waits there, its
-requests frozen. Save and eval steps drain first: no admission after batch v is handed, until nothing runs.
+requests frozen. Save and eval steps drain first: no admission after batch v is handed, until no trajectory is
+in flight (environment calls included).
 
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
@@ -35,24 +42,24 @@ The two sides meet at these exchanges, always in this order (rlcore/transfer.py)
 every rank: batch b, errors, stop signals, the probe), weights b (the trainers' header + units into the engine's
 in-place reload), control b (all_gather: the probe's verdict, stop signals; the checkpoint when due).
 Checkpoints drain (above) and save after a load: exact resume. A signal (SIGTERM/SIGUSR1) sends the engine to
-its next exchange at once; in-flight requests are dropped and their groups re-admitted from scratch on resume
-(complete and nothing lost, but not the numbers of a straight run). Worst case: one trainer step, one transfer
-and the save.
+its next exchange at once; in-flight trajectories are dropped (requests aborted, environment calls abandoned) and
+their groups re-admitted from scratch on resume (complete and nothing lost, but not the numbers of a straight
+run). Worst case from the signal to exit 75: the engine step (or, lockstep, the wait for a due tool answer, at
+most rollout.env_timeout_s) in progress, one trainer step, one transfer, the probe and the save.
 """
 from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
-from rlcore.batch import Batch
-from rlcore.collectives import RunError, all_max, all_sum, set_scope
-from rlcore.rollout.collect import pad_id, rollout_seed, score
-from rlcore.rollout.turns import Trajectory, to_batch
-from rlcore.split import PROBE_ROWS, my_slice, own_state, probe_logprobs, train_step, trainers_state
-from rlcore.transfer import Link, exchange, error_in, receive_weights, send_weights
+from rlcore.collectives import RunError, set_scope
+from rlcore.rollout.collect import rollout_seed
+from rlcore.split import PROBE_ROWS, own_state, trainers_state
+from rlcore.stream_trainer import train_side
+from rlcore.stream_turns import Turns
+from rlcore.transfer import Link, exchange, error_in, receive_weights
 
 if TYPE_CHECKING:
     from rlcore.loop import Loop
@@ -68,8 +75,7 @@ class Engine:
         self.P, self.G, self.k, self.steps = r.prompts_per_step, r.group_size, r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
-        self.samples: dict[int, list] = {}  # group -> its Samples (None while running)
-        self.live: dict[str, tuple[int, int]] = {}  # request id -> (group, sample)
+        self.turns = Turns(run)  # the trajectories in flight, and the finished groups (rlcore/stream_turns.py)
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
@@ -81,7 +87,7 @@ class Engine:
         return g // self.P + 1
 
     def complete(self, b: int) -> bool:
-        return all(g in self.samples and None not in self.samples[g] for g in range(self.P * (b - 1), self.P * b))
+        return all(g in self.turns.done for g in range(self.P * (b - 1), self.P * b))
 
     def next_admit(self) -> int | None:
         g = self.todo[0] if self.todo else self.next_group
@@ -90,7 +96,7 @@ class Engine:
     def blocked(self) -> bool:
         """Room for a group, but the next one needs a newer version than the engine holds."""
         g = self.next_admit()
-        return g is not None and len(self.live) + self.G <= self.max_running and \
+        return g is not None and len(self.turns.flying) + self.G <= self.max_running and \
             self.batch_of(g) - 1 - self.k > self.run.engine.version
 
     def draining(self) -> bool:
@@ -101,17 +107,22 @@ class Engine:
         return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
 
     def load_due(self) -> bool:
-        if self.stop.received or not self.live:
+        """Now, if nothing runs in the engine (a drain also waits for every trajectory to end), or batch
+        handed + 1 is complete, or admission waits for this version."""
+        if self.stop.received or self.turns.error or not self.turns.flying:
             return True
-        return not self.draining() and (self.complete(self.handed + 1) or self.blocked())
+        if self.draining():
+            return False
+        return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
 
     # ---- the loop ----
 
     def serve(self) -> dict:
         engine = self.run.engine
         while engine.version < self.steps:
+            self.turns.join()  # the environments' answers due at this step boundary
             if engine.version == self.handed:  # next exchange: hand over batch handed + 1
-                if self.complete(self.handed + 1) or self.stop.received:
+                if self.complete(self.handed + 1) or self.stop.received or self.turns.error:
                     self.hand_over(self.handed + 1)
                     continue
             elif self.load_due():  # next exchange: load version handed
@@ -119,12 +130,13 @@ class Engine:
                 continue
             self.admit()
             self.step()
+        self.turns.close()
         return self.loop.summary
 
     def admit(self) -> None:
         if self.draining():
             return
-        while (g := self.next_admit()) is not None and len(self.live) + self.G <= self.max_running:
+        while (g := self.next_admit()) is not None and len(self.turns.flying) + self.G <= self.max_running:
             b = self.batch_of(g)
             if b - 1 - self.k > self.run.engine.version:
                 return
@@ -133,24 +145,24 @@ class Engine:
             if self.todo:
                 self.todo.remove(g)
             self.next_group = max(self.next_group, g + 1)
-            seed, r = self.seed(g), self.run.cfg.rollout
-            self.samples[g] = [None] * self.G
-            for j in range(self.G):
-                self.live[f"{g}.{j}"] = (g, j)
-                self.run.engine.submit(f"{g}.{j}", self.rows[g]["prompt_ids"], r.max_new_tokens, r.temperature,
-                                       seed + j)
+            self.turns.admit(g, self.rows[g], self.seed(g), self.G)
 
     def seed(self, g: int) -> int:
         return rollout_seed(self.run.cfg.seed, self.batch_of(g), g % self.P, self.G)
 
     def step(self) -> None:
-        t0, running = time.perf_counter(), len(self.live)
-        for rid, sample in self.run.engine.step():
+        """One engine step (or, with nothing to decode while environments answer, on to their next join)."""
+        if self.turns.due and not self.run.engine.busy():
+            self.turns.idle()
+            return
+        t0, running = time.perf_counter(), len(self.turns.live)
+        finished = self.run.engine.step()
+        self.turns.tick += 1
+        for rid, sample in finished:
             if rid.startswith("probe."):
                 self.scores[rid] = sample.prompt_logprobs
             else:
-                g, j = self.live.pop(rid)
-                self.samples[g][j] = sample
+                self.turns.finished(rid, sample)
         self.clock["steps"] += 1
         self.clock["running"] += running
         self.clock["busy_s"] += (time.perf_counter() - t0) * running / self.max_running
@@ -159,9 +171,11 @@ class Engine:
 
     def hand_over(self, b: int) -> None:
         """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
-        share, error = None, None
-        if self.complete(b):
-            share, self.pending[b] = self.scored(b)
+        share, error = None, self.turns.error
+        if self.complete(b) and error is None:
+            share, self.pending[b] = self.turns.batch(list(range(self.P * (b - 1), self.P * b)), self.G)
+            for g in range(self.P * (b - 1), self.P * b):
+                del self.rows[g]
             if b == 1:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
@@ -191,7 +205,7 @@ class Engine:
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
-        error = None
+        error = self.turns.error
         if gap > run.cfg.rollout.logprob_diff_threshold:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                      f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
@@ -211,53 +225,22 @@ class Engine:
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
         checkpoint of `step`, then every rank exits 75."""
-        aborted = sorted(self.live)
-        self.run.engine.abort(aborted)
-        dropped = sorted({g for g, _ in self.live.values()})
-        for g in dropped:
-            del self.samples[g]
-        self.live, self.todo = {}, sorted(set(self.todo) | set(dropped))
+        dropped = self.turns.drop()
+        self.todo = sorted(set(self.todo) | set(dropped))
         raise self.loop.preempted(step, self.save(step) if step > 0 else None)
 
     def save(self, step: int):
         """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
-        state = {"rows": self.rows, "samples": self.samples, "next_group": self.next_group, "todo": self.todo,
+        state = {"rows": self.rows, "done": self.turns.done, "next_group": self.next_group, "todo": self.todo,
                  "handed": self.handed, "probe": self.probe, "pending": self.pending}
         return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
 
     def restore(self, state: dict) -> None:
-        self.rows, self.samples, self.next_group, self.todo = (state["rows"], state["samples"], state["next_group"],
-                                                               state["todo"])
+        self.rows, self.turns.done, self.next_group, self.todo = (state["rows"], state["done"], state["next_group"],
+                                                                  state["todo"])
         self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
 
-    # ---- batches and metrics ----
-
-    def scored(self, b: int) -> tuple[Batch, dict]:
-        """Batch b's groups, in prompt order, as the trainers' Batch: rewards, and each token's version."""
-        run, trajs, versions = self.run, [], []
-        for g in range(self.P * (b - 1), self.P * b):
-            row, seed = self.rows.pop(g), self.seed(g)
-            for j, s in enumerate(self.samples.pop(g)):
-                x = Trajectory(row["prompt_ids"], row, seed + j, 0)
-                x.append(s.token_ids, True, s.logprobs)
-                x.turns.append(list(s.token_ids))
-                x.done = True
-                trajs.append(x)
-                versions.append(s.versions)
-        batch = to_batch(trajs, pad_id(run.tokenizer), self.G, run.rollout.model_budget)
-        t = time.perf_counter()
-        batch.rewards, parts = score(run, trajs)
-        batch.token_versions = torch.zeros_like(batch.rollout_logprobs, dtype=torch.long)  # [B, T]
-        for i, (x, v) in enumerate(zip(trajs, versions)):
-            n = len(x.prompt_ids)
-            batch.token_versions[i, n - 1:n - 1 + len(v)] = torch.tensor(v, dtype=torch.long)
-        batch.versions = torch.tensor([min(v) for v in versions], dtype=torch.long)  # [B]
-        rewards = batch.rewards
-        metrics = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
-                   "time/reward_s": time.perf_counter() - t, "tokens/generated": sum(len(v) for v in versions)}
-        if len(parts) > 1:
-            metrics |= {f"reward/{name}": values.mean().item() for name, values in parts.items()}
-        return batch, metrics
+    # ---- metrics ----
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
@@ -281,80 +264,6 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         receive_weights(run, link)  # the checkpointed weights (logged already)
     engine.clock["t"] = time.perf_counter()
     return engine.serve()
-
-
-# ---- the trainer side -------------------------------------------------------------------------------------
-
-def train_side(run: Run, link: Link, loop: Loop) -> None:
-    """Ranks [1, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
-    steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
-    probe = None
-
-    def agree(mine: dict) -> list[dict]:
-        messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
-                                          "loop": loop.state if leader else None})
-        if error_in(messages):
-            raise RunError(error_in(messages))
-        loop.state = trainers_state(run, messages)
-        return messages
-
-    def save(step: int, batch: Batch | None):
-        return loop.save(step, run.trained_models(), {"split": {"batch": batch, "probe": probe}},
-                         writer=run.dims.rollout_ranks)
-
-    def take(b: int) -> Batch | None:
-        """Hand-over b: this rank's slice of batch b (None when a signal ended the engine's batch early)."""
-        nonlocal probe
-        messages = agree({"batch": None, "probe": None})
-        probe = messages[0]["probe"]
-        batch = my_slice(run, messages) if messages[0]["batch"] is not None else None
-        if any(m["stop"] for m in messages):
-            raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
-        return batch
-
-    def control(t: int) -> None:
-        """After the engine loaded version t: the checkpoint when due or asked for."""
-        stopping = any(m["stop"] for m in agree({}))
-        path = save(t, None) if stopping or loop.save_due(t) else None
-        if stopping:
-            raise loop.preempted(t, path)
-
-    start = loop.begin(run.trained_models())
-    if run.resume_from is not None:
-        state = own_state(run)
-        batch, probe = state["batch"], state["probe"]
-        send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
-        batch = take(start + 1) if batch is None else batch
-    else:
-        batch = take(1)
-    for t in range(start + 1, steps + 1):
-        error, metrics = None, {}
-        try:
-            metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
-            loop.count(t, metrics)
-            loop.check_skipped(t)
-        except RunError as e:  # the engine must hear of it before every rank stops
-            error = str(e)
-        send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
-                                 "probe": probe_logprobs(run, probe) if error is None else None})
-        if error:
-            raise RunError(error)
-        control(t)
-        if t < steps:
-            batch = take(t + 1)
-        if loop.export_due(t):
-            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
-
-
-def token_staleness(batch: Batch, t: int) -> dict[str, float]:
-    """Per token, over every trainer rank: versions behind the weights step t trains from (t - 1), mean and max,
-    and the distinct versions per sequence."""
-    mask = batch.loss_mask.bool()  # [B, T]
-    behind = ((t - 1) - batch.token_versions)[mask]
-    per_seq = sum(len(set(v[m].tolist())) for v, m in zip(batch.token_versions, mask))
-    tokens, behind_sum, spans, n = all_sum(mask.sum().item(), behind.sum().item(), per_seq, len(batch))
-    return {"async/token_staleness_mean": behind_sum / tokens, "async/token_staleness_max": all_max(behind.max().item()),
-            "async/versions_per_sample": spans / n}
 
 
 def train(run: Run, loop: Loop) -> dict[str, float]:

@@ -195,7 +195,9 @@ def finish_turn(i: int, x: Trajectory, s, cap: int, envs: Envs, max_new_tokens: 
     x.append(s.token_ids, True, s.logprobs)
     x.turns.append(list(s.token_ids))
     stats.generated += len(s.token_ids)
-    if s.finish_reason == "length" and (envs.stop_ids or cap < max_new_tokens):
+    if envs.factory is None:
+        x.done = True  # single-turn (rule 1; rlcore/stream_turns.py runs those through here too)
+    elif s.finish_reason == "length" and (envs.stop_ids or cap < max_new_tokens):
         x.done = x.truncated = True  # an incomplete action: never shown to the environment
     elif x.owner == tp_rank:
         runner.submit(i, x.env.step, envs.decode(x.turns[-1]), list(x.turns[-1]))

@@ -65,6 +65,7 @@ class Trajectory:
     error: str | None = None  # what the environment raised (the run stops on it)
     failed: str | None = None  # why its observation could not be encoded (it ends, reward 0; the run goes on)
     abandoned: bool = False  # its environment was still in a call when the trajectory ended (not closed)
+    versions: list[int] = field(default_factory=list)  # streaming: the weight version of each sampled token
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.tokens += ids

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from rlcore import stream
+from rlcore import stream, stream_trainer
 
 slow_side, _, seconds = os.environ.get("SLOW", ":0").partition(":")
-train_step, engine_step = stream.train_step, stream.Engine.step
+train_step, engine_step = stream_trainer.train_step, stream.Engine.step
 
 
 def disturbed_train_step(run, batch, t, k):
@@ -40,7 +40,7 @@ def slow_engine_step(self):
     return engine_step(self)
 
 
-stream.train_step = disturbed_train_step
+stream_trainer.train_step = disturbed_train_step
 if slow_side == "engine":
     stream.Engine.step = slow_engine_step
 train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
