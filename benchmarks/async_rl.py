@@ -11,7 +11,7 @@ The workload (this file is also its recipe, `config()`): GRPO on a random-init 3
 sampled (benchmarks/scaling.py no_eos_model), so a trajectory's length is set by the environment alone:
 LengthEnv lets each prompt run its row's `turns` model turns of rollout.max_new_tokens tokens, answering one
 token after each. Every step draws the same 8 prompts (the data file has exactly 8; the shuffle changes their
-order) with targets TARGETS (1 to 16 turns, 31 in all): response lengths span 16x inside every batch, and a
+order) with targets TARGETS (1 to 24 turns, 34 in all): response lengths span 24x inside every batch, and a
 batch's engine runs nearly all of its steps for the last few trajectories, the long tail of reasoning
 rollouts. The reward is the share of digits in the transcript (digit_share), so advantages are non-zero and
 the weights move. `agent`: the same with a tool that sleeps a seeded, log-uniform 20-200 ms after every turn
@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGETS = (1, 1, 1, 2, 2, 3, 5, 16)  # model turns per prompt: every step's batch holds all eight
+TARGETS = (1, 1, 1, 1, 1, 2, 3, 24)  # model turns per prompt: every step's batch holds all eight
 SPLIT = ["rollout.ranks=1", "algorithm.tis_cap=2"]
 CONTENDERS = {
     "colocated": ["rollout.ranks=0"],
@@ -145,7 +145,14 @@ def main() -> None:
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
     parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
+    parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
+    parser.add_argument("--occupancy", type=float, default=1.0, help="on paper: streaming engines' occupancy")
+    parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
+                        help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
     args = parser.parse_args()
+    if args.on_paper:
+        from benchmarks.async_paper import print_on_paper
+        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)))
     overrides, occupancy = workload(args)  # builds the models and data outside the timed runs
     if args.report_from:
         results = json.loads(Path(args.report_from).read_text())
