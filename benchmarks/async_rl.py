@@ -45,8 +45,10 @@ CONTENDERS = {
     "split k=1": [*SPLIT, "rollout.max_staleness=1"],
     "stream k=1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1"],
     "stream k=2": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2"],
+    # Tool answers join as they arrive (not reproducible); versions still load at deterministic points.
+    "stream k=1 continuous": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.schedule=continuous"],
 }
-DEFAULT = ["colocated", "split k=1", "stream k=1", "stream k=2"]
+DEFAULT = ["colocated", "split k=1", "stream k=1", "stream k=2"]  # agent: + stream k=1 continuous
 
 
 class LengthEnv:
@@ -139,9 +141,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="tokens per model turn (single: the most new tokens)")
     parser.add_argument("--size", default="3M")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--only", nargs="+", default=DEFAULT, choices=list(CONTENDERS))
+    parser.add_argument("--only", nargs="+", default=None, choices=list(CONTENDERS))
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every contender")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
+    parser.add_argument("--entry", default="launch/train.py", help="the script torchrun starts (e.g. a patched copy)")
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
     parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
@@ -150,6 +153,7 @@ def main() -> None:
     parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
                         help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
     args = parser.parse_args()
+    args.only = args.only or DEFAULT + (["stream k=1 continuous"] if args.workload == "agent" else [])
     if args.on_paper:
         from benchmarks.async_paper import print_on_paper
         return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)))
@@ -164,7 +168,8 @@ def main() -> None:
                     out = Path(tmp) / f"{r}-{c.replace(' ', '_')}"
                     out.mkdir()
                     t0 = time.time()
-                    run = run_once(overrides + args.extra, CONTENDERS[c], out, args.nproc, args.steps, args.pin)
+                    run = run_once(overrides + args.extra, CONTENDERS[c], out, args.nproc, args.steps, args.pin,
+                                   args.entry)
                     results[c] += run["rows"]
                     walls = sorted(x["wall_s"] for x in run["rows"])
                     print(f"round {r} {c}: {time.time() - t0:.0f} s, pinned {run['pinned']} ranks, median step wall "

@@ -62,10 +62,11 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: int, steps: int, pin: bool) -> dict:
+def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: int, steps: int, pin: bool,
+             entry: str = "launch/train.py") -> dict:
     """One torchrun run -> {"rows": the kept steps' metrics with their wall_s, "pinned": ranks pinned}."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "launch/train.py", *workload, *overrides, f"train.steps={steps}", f"output_dir={out_dir}", "name=bench"]
+           entry, *workload, *overrides, f"train.steps={steps}", f"output_dir={out_dir}", "name=bench"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = open(out_dir / "stdout.txt", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -112,7 +113,10 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
                     "occ": occ, "occ_wall": occ_wall, "dropped": m.get("async/dropped_samples", 0),
                     "len_mean": m["response/length_mean"], "staleness": m.get("async/staleness_mean", 0.0),
                     "token_staleness_max": m.get("async/token_staleness_max", m.get("async/staleness_max", 0.0)),
-                    "versions": m.get("async/versions_per_sample", 1.0), "is_mean": m.get("policy/is_weight_mean", 1.0)})
+                    "versions": m.get("async/versions_per_sample", 1.0), "is_mean": m.get("policy/is_weight_mean", 1.0),
+                    "wait_s": m.get("time/weights_wait_s", float("nan")), "engine_steps": m.get("stream/engine_steps", 0),
+                    "step_ms": 1e3 * busy_e / max(m.get("stream/engine_steps", 0), 1),
+                    "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train})
     med = {k: median(p[k] for p in per) for k in per[0]}
     med["dropped"] = sum(p["dropped"] for p in per)
     med["n"] = len(per)
@@ -148,6 +152,11 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
     for base in ("split k=1", "colocated"):
         if base in meds:
             lines += [f"- {c} / {base} samples/s: x{m['sps'] / meds[base]['sps']:.2f}" for c, m in meds.items() if c != base]
+    for c, m in meds.items():
+        if m["engine_steps"]:
+            lines.append(f"- {c}: the engine waited {m['wait_s']:.2f} s a step for the weights at its load point "
+                         f"({m['wait_of_train']:.0%} of the trainer's step), {m['engine_steps']:.0f} engine steps, "
+                         f"{m['step_ms']:.1f} ms each")
     if "colocated" in meds:
         m = meds["colocated"]
         lines.append(f"- shares of the synchronous (colocated) step: generation {m['trainer_idle']:.0%} (everything "
