@@ -3,8 +3,9 @@
 A run is a real `torchrun launch/train.py` of --steps steps; this script stamps each step's log line as it
 arrives (polling metrics.jsonl) and keeps steps 3..N-1 (1-2 are warm-up and the pipeline filling; the last
 line may be stamped at exit). Per kept step, from rank 0's metrics:
-  step wall s       the time between two consecutive log lines: the pipeline's period; samples/s =
-                    sequences per step / that
+  step wall s       the time between two consecutive log lines: the pipeline's period; samples/s = a run's
+                    sequences over its measured wall time (median over runs; streaming's steps alternate
+                    between short and long, so a median step would mislead)
   engine busy       the rollout side's time making a batch over the wall: time/collect_s (split),
                     time/generate_s + time/env_s + time/reward_s (colocated), 1 - time/weights_wait_s /
                     time/wall_s (streaming: the engine loop never stops except to wait for weights)
@@ -118,6 +119,17 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
                     "step_ms": 1e3 * busy_e / max(m.get("stream/engine_steps", 0), 1),
                     "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train})
     med = {k: median(p[k] for p in per) for k in per[0]}
+    # A streaming pipeline's steps take turns being short and long, so samples/s is each run's sequences over its
+    # measured wall time (the median over runs), and the step wall that run's mean.
+    runs, run = [], []
+    for m in rows:
+        if run and m["step"] <= run[-1]["step"]:
+            runs.append(run)
+            run = []
+        run.append(m)
+    runs.append(run)
+    med["sps"] = median(sum(m["tokens/sequences"] for m in r) / sum(m["wall_s"] for m in r) for r in runs)
+    med["wall"] = median(sum(m["wall_s"] for m in r) / len(r) for r in runs)
     med["dropped"] = sum(p["dropped"] for p in per)
     med["n"] = len(per)
     return med
