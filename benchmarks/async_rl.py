@@ -21,7 +21,9 @@ the random 3M model with its EOS (about 1 in 32 tokens: lengths geometric, 1 to 
 Contenders (CONTENDERS), on the same ranks (--nproc, default 2): colocated (rollout.ranks=0: both ranks
 generate and train), split k=0 / k=1 (rollout.ranks=1: rank 0 generates whole batches, rank 1 trains; k=1
 samples one version behind, decoupled-PPO correction algorithm.tis_cap=2), streaming k=1 / k=2 (rollout.stream:
-rank 0's engine keeps rollout.max_running = one batch of sequences running and loads versions under them).
+rank 0's engine keeps rollout.max_running = one batch of trajectories in flight and loads versions under them, at
+deterministic points; "free": rollout.free_loads, each version the moment it arrives; "continuous": tool answers
+join as they arrive).
 Rounds alternate the contenders; with --pin (default) each rank is pinned to one core. What is measured per
 step and how: benchmarks/async_runner.py.
 """
@@ -45,6 +47,9 @@ CONTENDERS = {
     "split k=1": [*SPLIT, "rollout.max_staleness=1"],
     "stream k=1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1"],
     "stream k=2": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2"],
+    # Each version loads the moment the trainers have it (not reproducible).
+    "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
+    "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],
     # Tool answers join as they arrive (not reproducible); versions still load at deterministic points.
     "stream k=1 continuous": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.schedule=continuous"],
 }
@@ -144,7 +149,6 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", default=None, choices=list(CONTENDERS))
     parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every contender")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
-    parser.add_argument("--entry", default="launch/train.py", help="the script torchrun starts (e.g. a patched copy)")
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
     parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
@@ -168,14 +172,13 @@ def main() -> None:
                     out = Path(tmp) / f"{r}-{c.replace(' ', '_')}"
                     out.mkdir()
                     t0 = time.time()
-                    run = run_once(overrides + args.extra, CONTENDERS[c], out, args.nproc, args.steps, args.pin,
-                                   args.entry)
+                    run = run_once(overrides + args.extra, CONTENDERS[c], out, args.nproc, args.steps, args.pin)
                     results[c] += run["rows"]
+                    if args.json:  # after every run: a series cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps(results))
                     walls = sorted(x["wall_s"] for x in run["rows"])
                     print(f"round {r} {c}: {time.time() - t0:.0f} s, pinned {run['pinned']} ranks, median step wall "
                           f"{walls[len(walls) // 2]:.2f} s", flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results))
     what = f"recipe={args.recipe}" if args.recipe else f"{args.workload} workload, {args.size}"
     title = (f"async RL: {', '.join(results)}; {what}, {args.nproc} ranks, medians of {args.rounds} alternating "
              f"rounds")

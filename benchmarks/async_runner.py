@@ -63,11 +63,10 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: int, steps: int, pin: bool,
-             entry: str = "launch/train.py") -> dict:
+def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: int, steps: int, pin: bool) -> dict:
     """One torchrun run -> {"rows": the kept steps' metrics with their wall_s, "pinned": ranks pinned}."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           entry, *workload, *overrides, f"train.steps={steps}", f"output_dir={out_dir}", "name=bench"]
+           "launch/train.py", *workload, *overrides, f"train.steps={steps}", f"output_dir={out_dir}", "name=bench"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     log = open(out_dir / "stdout.txt", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
