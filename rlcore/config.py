@@ -93,6 +93,7 @@ class RolloutConfig:
     # streaming, lockstep schedule: an environment's answer joins the engine after this many engine steps
     # (the engine waits there for a late one), so the run does not depend on tool latency (rlcore/stream_turns.py)
     join_steps: int = 2
+    free_loads: bool = False  # streaming: load each version the moment it arrives (faster, not reproducible)
 
 
 @dataclass
@@ -268,6 +269,8 @@ def validate(cfg: Config, dims) -> None:
         raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
     if r.stream:
         check_stream(cfg, dims)
+    elif r.free_loads:
+        raise ValueError("rollout.free_loads=true is a way of streaming: set rollout.stream=true (or free_loads=false)")
     if dims.split and any(spec.model for spec in cfg.rewards):
         raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "
                          "rewards are scored on the rollout ranks, which hold no models; use a reward function")

@@ -30,6 +30,11 @@ engine has no request running, or where batch v + 1 is complete, or where admiss
 requests frozen. Save and eval steps drain first: no admission after batch v is handed, until no trajectory is
 in flight (environment calls included).
 
+Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
+trainers said it waits (a one-number message over its own gloo pair, rank R -> rank 0, before the weights), or
+when the engine has nothing in flight; the engine never waits for a version it does not need. Which tokens a
+version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints hold as above.
+
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
 next token, so each token is sampled by exactly one version over KV of that version (a prefill per running
@@ -49,9 +54,11 @@ most rollout.env_timeout_s) in progress, one trainer step, one transfer, the pro
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from rlcore.collectives import RunError, set_scope
@@ -79,7 +86,8 @@ class Engine:
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
+        self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
 
     # ---- the state of the schedule (the same numbers in every run of a config) ----
 
@@ -113,6 +121,8 @@ class Engine:
             return True
         if self.draining():
             return False
+        if self.waiting is not None:  # free loads: the moment the version is there, and only then
+            return self.waiting.is_set()
         return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
 
     # ---- the loop ----
@@ -166,6 +176,7 @@ class Engine:
         self.clock["steps"] += 1
         self.clock["running"] += running
         self.clock["busy_s"] += (time.perf_counter() - t0) * running / self.max_running
+        self.clock["step_s"] += time.perf_counter() - t0
 
     # ---- the exchanges ----
 
@@ -186,12 +197,17 @@ class Engine:
         self.loop.state = trainers_state(self.run, messages)
         if share is not None:
             self.handed = b
+            if self.link.ready is not None:
+                self.waiting = listen(self.link)
         if any(m["stop"] for m in messages):
             self.stopping(b - 1)
 
     def load(self, v: int) -> None:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
+        if self.waiting is not None:
+            self.waiting.wait()
+            self.waiting = None
         header = receive_weights(run, self.link)
         if header.get("error"):
             raise RunError(header["error"])
@@ -206,11 +222,13 @@ class Engine:
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
         error = self.turns.error
+        if self.stop.received:  # the run ends after this step: the eval below must find the engine empty
+            self.drop()
         if gap > run.cfg.rollout.logprob_diff_threshold:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                      f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
                      f"holds other weights than the trainers sent (transfer failed)")
-        else:  # an eval step drained the engine (above): the eval's own generate calls find it empty
+        elif error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
             self.loop.evaluate(v, metrics)
         self.loop.record(v, metrics)
         messages = exchange(self.link, {"error": error, "stop": self.stop.received, "loop": self.loop.state})
@@ -225,9 +243,11 @@ class Engine:
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
         checkpoint of `step`, then every rank exits 75."""
-        dropped = self.turns.drop()
-        self.todo = sorted(set(self.todo) | set(dropped))
+        self.drop()
         raise self.loop.preempted(step, self.save(step) if step > 0 else None)
+
+    def drop(self) -> None:
+        self.todo = sorted(set(self.todo) | set(self.turns.drop()))
 
     def save(self, step: int):
         """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
@@ -244,15 +264,29 @@ class Engine:
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run), the same weighted by wall time (stalls count as empty), and the time waiting for weights."""
+        every run), the same weighted by wall time (stalls count as empty), the time waiting for weights, and the time
+        in engine steps (time/collect_s: the engine side's busy time in the summary's split line)."""
         c, now = self.clock, time.perf_counter()
         wall = now - c["t"]
         metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
                    "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
                    "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
-                   "time/wall_s": wall}
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "wait_s": 0.0, "t": now}
+                   "time/collect_s": c["step_s"], "time/wall_s": wall}
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": now}
         return metrics
+
+
+def listen(link: Link) -> threading.Event:
+    """rollout.free_loads: set once the trainers say the next version waits. A thread receives it: gloo's
+    irecv only completes inside wait(), so polling it from the engine loop would never see it."""
+    arrived = threading.Event()
+
+    def receive() -> None:
+        dist.recv(torch.zeros(1, dtype=torch.long), src=link.leader, group=link.ready)
+        arrived.set()
+
+    threading.Thread(target=receive, name="rlcore-free-loads", daemon=True).start()
+    return arrived
 
 
 def generate_side(run: Run, link: Link, loop: Loop) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
@@ -68,8 +69,13 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             loop.check_skipped(t)
         except RunError as e:  # the engine must hear of it before every rank stops
             error = str(e)
-        send_weights(run, link, {"version": t, "metrics": metrics, "error": error,
-                                 "probe": probe_logprobs(run, probe) if error is None else None})
+        header = {"version": t, "metrics": metrics, "error": error,
+                  "probe": probe_logprobs(run, probe) if error is None else None}
+        # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
+        told = dist.isend(torch.tensor([t]), dst=0, group=link.ready) if link.ready is not None and leader else None
+        send_weights(run, link, header)
+        if told is not None:
+            told.wait()
         if error:
             raise RunError(error)
         control(t)

@@ -210,7 +210,9 @@ class Turns:
         for i, x in enumerate(trajs):
             at = [len(x.prompt_ids) - 1 + t for t, s in enumerate(x.sampled) if s]  # position t scores t + 1
             batch.token_versions[i, at] = torch.tensor(x.versions, dtype=torch.long)
-        batch.versions = torch.tensor([min(x.versions, default=0) for x in trajs], dtype=torch.long)  # [B]
+        # a trajectory that sampled nothing (its reset failed or timed out) is as new as the batch
+        batch.versions = torch.tensor([min(x.versions, default=run.engine.version) for x in trajs],
+                                      dtype=torch.long)  # [B]
         rewards = batch.rewards
         metrics = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
                    "time/reward_s": sum(p["reward_s"] for p in parts),

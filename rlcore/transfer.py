@@ -27,12 +27,14 @@ class Link:
     headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
     objects: object  # every rank over gloo: batches, errors and stop signals
     leader: int  # R, the first trainer rank: it sends the weights
+    ready: object = None  # rollout.free_loads: rank R and rank 0 over gloo, "version v waits" (rlcore/stream.py)
 
     @staticmethod
-    def make(rollout_ranks: int, world: int) -> Link:
+    def make(rollout_ranks: int, world: int, free_loads: bool = False) -> Link:
         side = list(range(rollout_ranks))
         return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
-                    new_group(list(range(world)), "gloo"), rollout_ranks)
+                    new_group(list(range(world)), "gloo"), rollout_ranks,
+                    new_group([0, rollout_ranks], "gloo") if free_loads else None)
 
 
 # ---- the two halves of an exchange -------------------------------------------------------------------------

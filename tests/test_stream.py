@@ -5,10 +5,14 @@ covers streaming without a split in tests/test_bad_input.py). Then real torchrun
 FSDP2), 1 engine + 1 trainer at k=1: the same config run with a slow trainer and with a slow engine (killed in
 step 3, resumed) logs the same numbers and exports the same bytes, learns, never exceeds k per token, and each
 token matches an engine holding the version it is tagged with; a corrupted in-flight load trips the probe.
+Multi-turn: the tool task (recipes/tooladd.py, its tool given a random latency) learns streaming, two runs log
+the same numbers and export the same bytes, and SIGTERM mid-run checkpoints, exits 75 and resumes.
 """
 import json
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -30,6 +34,13 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
     (["rollout.ranks=2", "rollout.prompts_per_step=16"],
      "rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got 2); more engines or tensor "
      "parallelism are not built yet"),
+    (["rollout.agent=my_agents.py:agent"], "rollout.stream=true runs environments (rollout.env), not agents through "
+                                           "the endpoint: set rollout.agent= (agents do not stream yet)"),
+    (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
+     "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
+     "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
+    (["rollout.stream=false", "rollout.free_loads=true"],
+     "rollout.free_loads=true is a way of streaming: set rollout.stream=true (or free_loads=false)"),
 ])
 def test_bad_stream_settings(overrides, says):
     from rlcore.config import validate
@@ -70,6 +81,66 @@ def test_resume_into_another_mode_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"was saved with rollout.stream=False, but this run has rollout.stream=True; "
                                          r"resume with the same layout"):
         checkpoint.resolve(stream, tmp_path, checkpoint.describe(stream, 2, 1))
+
+
+# ---- when environment answers join (rlcore/stream_turns.py), on a scripted step engine --------------------------
+
+def drive(schedule: str, latency: float) -> tuple[list, list]:
+    """Two groups of two trajectories through Turns, on test_continuous's engine (one step per token), their
+    environment 0-`latency` s late at random: (each request's (engine step it was added at, id), trajectories)."""
+    import random
+    from types import SimpleNamespace
+
+    from rlcore.stream_turns import Turns
+    from test_continuous import StepEngine
+    from test_turns import EOS, STOP, ScriptedEnv, envs
+
+    class Late(ScriptedEnv):
+        def step(self, action, action_ids):
+            time.sleep(random.uniform(0, latency))
+            return super().step(action, action_ids)
+
+    rows = [{"name": "a", "first": 40, "obs": [[99, 21], [99, 22], [99]], "rewards": [0, 0, 1],
+             "done": [False, False, True]},
+            {"name": "b", "first": 41, "obs": [[99, 23], [99], [99]], "rewards": [0, 1, 0], "done": [False, True, False]}]
+    engine = StepEngine({40: [[5, STOP], [6, STOP], [7, EOS]], 41: [[5, 6, 7, STOP], [8, EOS]]})
+    rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=24, temperature=1.0, join_steps=2,
+                              schedule=schedule, trajectory_timeout_s=0.0)
+    run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout, data=SimpleNamespace(prompt_column="prompt")),
+                          rollout=SimpleNamespace(envs=envs(factory=Late)), engine=engine)
+    turns, added, ended = Turns(run), [], []
+    turns.scored = lambda trajs: ended.extend(trajs) or {}
+    submit = engine.submit
+    engine.submit = lambda rid, *a: added.append((turns.tick, rid)) or submit(rid, *a)
+    for g, row in enumerate(rows):
+        turns.admit(g, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g, 2)
+    while turns.flying:  # what rlcore.stream.Engine.serve and step do between its exchanges
+        turns.join()
+        if turns.due and not engine.busy():
+            turns.idle()
+            continue
+        finished = engine.step()
+        turns.tick += 1
+        for rid, sample in finished:
+            turns.finished(rid, sample)
+    turns.close()
+    return added, sorted(ended, key=lambda x: (x.seed, x.row["name"]))
+
+
+def test_lockstep_answers_join_at_fixed_engine_steps():
+    """lockstep, rollout.join_steps=2: a call started after engine step s (admission, or the step that ended a
+    turn) joins after step s + 2, whatever the tool's latency; an idle engine goes straight there. Trajectory a
+    (turns of 2 tokens): reset at 0 -> turn 0 added at step 2, ends at 4 -> turn 1 at 6, ends at 8 -> turn 2 at 10.
+    b (4 tokens, then 2): turn 0 at 2, ends at 6 -> turn 1 at 8. Two runs with other latencies: the same steps.
+    continuous joins answers as they arrive: the same trajectories (this engine's tokens ignore the step)."""
+    added, trajs = drive("lockstep", 0.02)
+    at = {rid: tick for tick, rid in added}
+    assert [at[f"s0.{j}.{t}"] for j in (0, 1) for t in (0, 1, 2)] == [2, 6, 10] * 2
+    assert [at[f"s1.{j}.{t}"] for j in (0, 1) for t in (0, 1)] == [2, 8] * 2
+    assert drive("lockstep", 0.02)[0] == added
+    assert [x.env_reward for x in trajs] == [1, 1, 1, 1] and all(x.done and not x.truncated for x in trajs)
+    other = drive("continuous", 0.02)[1]
+    assert [(x.tokens, x.sampled, x.env_reward) for x in other] == [(x.tokens, x.sampled, x.env_reward) for x in trajs]
 
 
 # ---- real runs ---------------------------------------------------------------------------------------------
@@ -135,12 +206,54 @@ def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_stream_learns_on_two_fsdp_trainers_at_k2(tmp_path):
-    """1 engine + 2 FSDP trainer ranks, k=2: +30 points, no token more than 2 versions old, none dropped."""
-    proc = torchrun(ROOT / "launch" / "train.py", *STREAM, "rollout.max_staleness=2", "train.steps=6",
-                    "train.eval_every=6", f"output_dir={tmp_path}", nproc=3)
+def test_stream_learns_on_two_fsdp_trainers_at_k2_with_free_loads(tmp_path):
+    """1 engine + 2 FSDP trainer ranks, k=2, versions loaded as they arrive (rollout.free_loads): +30 points, no
+    token more than 2 versions old, none dropped."""
+    proc = torchrun(ROOT / "launch" / "train.py", *STREAM, "rollout.max_staleness=2", "rollout.free_loads=true",
+                    "train.steps=6", "train.eval_every=6", f"output_dir={tmp_path}", nproc=3)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
     assert max(r["async/token_staleness_max"] for r in rows[1:]) <= 2
     assert all(r["async/dropped_samples"] == 0 for r in rows[1:])
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
+
+
+@pytest.mark.slow
+def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path):
+    """The tool task (2 turns: a call, the answer), 1 engine + 1 trainer at k=1, its tool 0-30 ms late at random.
+    Run A learns +30 points, with turns spanning versions, tool calls and no token more than 1 version old. Run B
+    (other latencies) gets SIGTERM on the engine rank at version 5 with tool calls in flight: every rank exits 75
+    after a complete checkpoint, and until then B logged A's numbers and exported A's bytes (answers join at
+    engine steps fixed by the data: rollout.join_steps). The resume finishes the run, on the continuous schedule
+    (answers join as they arrive: no numbers to compare, but its metrics and bounds)."""
+    run = ("recipe=tests/workers/stream_tools.py", *STREAM[1:], "train.steps=8", "train.eval_every=8",
+           "train.export_every=1")
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    a = metrics(tmp_path / "a" / "tooladd")
+    assert learned(a) >= 0.3, [r.get("eval/accuracy") for r in a]
+    assert all(r["async/token_staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in a[1:])
+    assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.05 and min(r["tool/calls"] for r in a[1:]) > 0
+    assert all(1 < r["env/turns_mean"] <= 2 and r["async/probe_logprob_diff_max"] < 1e-3 for r in a[1:])
+
+    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}",
+                    env={"TERM_AT_VERSION": "5", "TERM_STAMP": str(tmp_path / "sent")})
+    assert rank_exit_codes(proc) == {75}, proc.stderr[-4000:]
+    assert re.search(r"stream_worker: SIGTERM with [1-9]\d* environment calls in flight", proc.stderr)
+    assert "rlcore: stopped: SIGTERM after step 5; checkpoint" in proc.stdout + proc.stderr
+    assert (tmp_path / "b" / "tooladd" / "checkpoints" / "step_5" / "COMPLETE.json").exists()
+    b = metrics(tmp_path / "b" / "tooladd")
+    assert b == a[:6]
+    exported = sorted(p.name for p in (tmp_path / "b" / "tooladd" / "hf").iterdir())
+    assert exported == ["step_1", "step_2", "step_3", "step_4"]
+    for step in exported:
+        weights = f"hf/{step}/model.safetensors"
+        assert (tmp_path / "b" / "tooladd" / weights).read_bytes() == (tmp_path / "a" / "tooladd" / weights).read_bytes()
+
+    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto",
+                    "rollout.schedule=continuous")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resume: continuing after step 5" in proc.stdout
+    b = metrics(tmp_path / "b" / "tooladd")
+    assert [r["step"] for r in b] == list(range(9)) and max(r["async/token_staleness_max"] for r in b[1:]) <= 1
+    assert all(r["env/calls_per_s"] > 0 and r["tool/calls"] > 0 and r["env/turns_mean"] > 1 for r in b[6:])

@@ -32,8 +32,9 @@ def test_guess_game_learns_to_use_feedback(tmp_path):
 @pytest.mark.slow
 def test_calculator_tool_learns(tmp_path):
     """The demo's sloppy-carry start with a calculator it rarely calls: GRPO raises held-out accuracy and
-    the rate of tool calls (logged as reward/tool_calls, weight 0)."""
-    proc = train_cmd("recipe=calculator", f"output_dir={tmp_path}")
+    the rate of tool calls (logged as reward/tool_calls, weight 0). 30 of the recipe's 60 steps (at 30: 21% -> 100%,
+    calls 11% -> 88% of samples), to keep the suite short."""
+    proc = train_cmd("recipe=calculator", f"output_dir={tmp_path}", "train.steps=30", "train.eval_every=30")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "calculator")
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]

@@ -5,7 +5,10 @@
 SLOW=trainer:S sleeps S seconds in every trainer step (the engine waits at its loads); SLOW=engine:S sleeps S
 seconds in every engine step (the trainers wait for batches). DUMP=dir: the trainer rank writes each step's
 batch (tokens, engine logprobs, per-token versions) to dir/batch_<t>.pt. KILL_RANK=r KILL_AT_STEP=t: rank r
-sends itself SIGKILL in step t's training. Arguments are passed to launch/train.py unchanged.
+sends itself SIGKILL in step t's training. TERM_AT_VERSION=v: the engine rank sends itself SIGTERM at its first
+engine step holding version v with environment calls in flight (it says how many on stderr; TERM_STAMP=file: the
+time.time() it sent it). Arguments are passed
+to launch/train.py unchanged.
 """
 import os
 import runpy
@@ -40,9 +43,20 @@ def slow_engine_step(self):
     return engine_step(self)
 
 
+def signalled_engine_step(self):
+    if self.run.engine.version >= int(os.environ["TERM_AT_VERSION"]) and self.turns.due and not self.stop.received:
+        print(f"stream_worker: SIGTERM with {len(self.turns.due)} environment calls in flight", file=sys.stderr,
+              flush=True)
+        Path(os.environ.get("TERM_STAMP", os.devnull)).write_text(str(time.time()))
+        os.kill(os.getpid(), signal.SIGTERM)
+    return engine_step(self)
+
+
 stream_trainer.train_step = disturbed_train_step
 if slow_side == "engine":
     stream.Engine.step = slow_engine_step
+if os.environ.get("TERM_AT_VERSION"):
+    stream.Engine.step = signalled_engine_step
 train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
 sys.argv = [str(train_py), *sys.argv[1:]]
 runpy.run_path(str(train_py), run_name="__main__")
