@@ -10,7 +10,8 @@ line may be stamped at exit). Per kept step, from rank 0's metrics:
                     time/generate_s + time/env_s + time/reward_s (colocated), 1 - time/weights_wait_s /
                     time/wall_s (streaming: the engine loop never stops except to wait for weights)
   trainer busy      (time/step_s + time/sync_s) / wall (colocated: its logprobs + update + sync)
-  occupancy         mean running sequences per engine step over the engine's maximum. Streaming: measured
+  occupancy         mean running sequences per engine step over the engine's maximum (idle shares and
+                    occupancy: over all kept steps together, weighted by wall time or engine steps). Streaming: measured
                     (stream/occupancy); throughput/occupancy_wall weighs each engine step by its wall time
                     (waits count as empty). Batch modes: from the workload (see occupancy_batch), times the
                     engine's busy share for the wall-weighted value.
@@ -128,6 +129,14 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
         run.append(m)
     runs.append(run)
     med["sps"] = median(sum(m["tokens/sequences"] for m in r) / sum(m["wall_s"] for m in r) for r in runs)
+    # Shares and occupancy over all kept steps together (time-weighted), for the same reason.
+    wall = sum(p["wall"] for p in per)
+    med["engine_idle"] = sum(p["engine_idle"] * p["wall"] for p in per) / wall
+    med["trainer_idle"] = sum(p["trainer_idle"] * p["wall"] for p in per) / wall
+    med["occ_wall"] = sum(p["occ_wall"] * p["wall"] for p in per) / wall
+    if any(p["engine_steps"] for p in per):
+        med["occ"] = sum(p["occ"] * p["engine_steps"] for p in per) / sum(p["engine_steps"] for p in per)
+        med["step_ms"] = sum(p["step_ms"] * p["engine_steps"] for p in per) / sum(p["engine_steps"] for p in per)
     med["wall"] = median(sum(m["wall_s"] for m in r) / len(r) for r in runs)
     med["dropped"] = sum(p["dropped"] for p in per)
     med["n"] = len(per)
