@@ -8,6 +8,12 @@ Both start from the same warm start with the same seeds (a trajectory's call k i
 turn k), the same tool latency (2-20 ms by call) and the same budgets; eval is off. Reported: per run the median
 of time/rollout_s over steps 2.. (step 1 warms the engine), then the median over rounds of each contender and
 their ratio; also the generated tokens per step, so that a difference in what was sampled shows.
+
+Two workloads: "tool task" as the recipes are (~5 tokens per call, ~1.1 calls per trajectory), and "long calls":
+the same from a random start (the warm start's tokenizer, chat template and config, fresh weights): it samples its
+end of turn about once in 128 tokens, so nearly every call runs to its 64-token cap (rollout.max_new_tokens), and
+with rollout.max_turns=1 both contenders make exactly one call per trajectory: the endpoint's cost per call
+against ~10x more engine work per call.
 """
 from __future__ import annotations
 
@@ -24,11 +30,30 @@ import common  # noqa: E402
 
 CONTENDERS = {"environment": ["recipe=tooladd", "rollout.schedule=continuous"],
               "endpoint": ["recipe=tooladd_agent"]}
+WORKLOADS = {"tool task": [],
+             "long calls": ["model.path={random}", "rollout.max_new_tokens=64", "rollout.max_total_tokens=64",
+                            "rollout.max_turns=1"]}
 
 
-def run(name: str, steps: int, out: Path) -> dict:
+def random_start(out: Path) -> Path:
+    """The tool task's warm start folder (tokenizer, chat template, config) with freshly initialised weights."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlcore.tasks import tooladd
+    tooladd.prepare()
+    shutil.copytree(tooladd.model_dir(), out)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(out)).save_pretrained(out)
+    return out
+
+
+def run(name: str, workload: str, steps: int, out: Path, random: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(common.ROOT / "launch" / "train.py"), *CONTENDERS[name], f"output_dir={out}", f"train.steps={steps}",
+           str(common.ROOT / "launch" / "train.py"), *CONTENDERS[name],
+           *(o.format(random=random) for o in WORKLOADS[workload]), f"output_dir={out}", f"train.steps={steps}",
            f"train.eval_every={steps + 1}"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(common.ROOT)}
     proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True)
@@ -46,26 +71,33 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of: {', '.join(WORKLOADS)}")
     args = p.parse_args()
-    results = {name: [] for name in CONTENDERS}
+    workloads = args.workloads.split(",")
+    results = {(w, name): [] for w in workloads for name in CONTENDERS}
     with tempfile.TemporaryDirectory() as tmp:
+        random = random_start(Path(tmp) / "random") if "long calls" in workloads else None
         for k in range(args.rounds):
-            order = list(CONTENDERS) if k % 2 == 0 else list(CONTENDERS)[::-1]  # alternate who goes first
-            for name in order:
-                results[name].append(run(name, args.steps, Path(tmp) / f"{name}{k}"))
-                print(name, k, results[name][-1], flush=True)
-    med = {name: {key: common.median(r[key] for r in rs) for key in rs[0]} for name, rs in results.items()}
-    ratio = med["endpoint"]["rollout_s"] / med["environment"]["rollout_s"]
+            for w in workloads:
+                order = list(CONTENDERS) if k % 2 == 0 else list(CONTENDERS)[::-1]  # alternate who goes first
+                for name in order:
+                    results[w, name].append(run(name, w, args.steps, Path(tmp) / f"{w[0]}{name}{k}", random))
+                    print(w, name, k, results[w, name][-1], flush=True)
+    med = {key: {m: common.median(r[m] for r in rs) for m in rs[0]} for key, rs in results.items()}
     lines = ["tooladd, 2 ranks colocated, 32 prompts x 8 per step; medians over rounds of each run's median "
-             "step (steps 2..).", "",
-             "| contender | rollout s/step | tokens generated/step | reward/mean | runs (rollout s) |",
-             "|---|---:|---:|---:|---|"]
-    for name, m in med.items():
-        runs = ", ".join(f"{r['rollout_s']:.2f}" for r in results[name])
-        lines.append(f"| {name} | {m['rollout_s']:.3f} | {m['tokens']:.0f} | {m['reward']:.3f} | {runs} |")
-    lines += ["", f"endpoint / environment rollout time: **{ratio:.2f}x** (goal <= 1.15x)"]
+             "step (steps 2..). long calls: a random start, 64-token calls, one per trajectory.", "",
+             "| workload | contender | rollout s/step | tokens generated/step | reward/mean | runs (rollout s) |",
+             "|---|---|---:|---:|---:|---|"]
+    for (w, name), m in med.items():
+        runs = ", ".join(f"{r['rollout_s']:.2f}" for r in results[w, name])
+        lines.append(f"| {w} | {name} | {m['rollout_s']:.3f} | {m['tokens']:.0f} | {m['reward']:.3f} | {runs} |")
+    lines.append("")
+    for w in workloads:
+        ratio = med[w, "endpoint"]["rollout_s"] / med[w, "environment"]["rollout_s"]
+        lines.append(f"{w}: endpoint / environment rollout time **{ratio:.2f}x** (goal <= 1.15x)  ")
     common.write_section("Agent endpoint overhead (benchmarks/endpoint.py)",
-                         f"python benchmarks/endpoint.py --rounds {args.rounds} --steps {args.steps}", lines)
+                         f"python benchmarks/endpoint.py --rounds {args.rounds} --steps {args.steps}"
+                         + (f" --workloads '{args.workloads}'" if workloads != list(WORKLOADS) else ""), lines)
 
 
 if __name__ == "__main__":

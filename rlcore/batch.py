@@ -17,6 +17,10 @@ Layout (one rank's share of a step, B sequences):
                             set in a split mesh (rlcore/split.py), None when colocated (always current);
                             streaming (rlcore/stream.py): the oldest version among the sequence's tokens
     token_versions  [B, T]  streaming: the version that sampled each response token (0 where loss_mask is 0)
+    position_ids    [B, L]  only when a row holds several sequences (an agent that rewrote its history,
+                            rlcore.rollout.agents): positions restart at each sequence, and the trainer's
+                            forwards pass them without the attention mask, so each sequence attends only to
+                            itself (transformers' packed-sequence mask, as rlcore.packing); None otherwise
 
 Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
 """
@@ -44,6 +48,7 @@ class Batch:
     returns: torch.Tensor | None = None
     versions: torch.Tensor | None = None
     token_versions: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -70,6 +75,9 @@ class Batch:
         fields = {}
         for f in dataclasses.fields(Batch):
             values = [getattr(b, f.name) for b in batches]
+            if f.name == "position_ids" and any(v is not None for v in values):  # rows of one sequence: 0, 1, ...
+                values = [torch.arange(b.input_ids.shape[1]).repeat(len(b), 1) if v is None else v
+                          for b, v in zip(batches, values)]
             if not isinstance(values[0], torch.Tensor):
                 fields[f.name] = values[0]
                 continue

@@ -337,7 +337,7 @@ VALID = {
     "data.max_prompt_tokens": _at_least(1), "data.eval_size": _at_least(0), "data.num_workers": _at_least(0),
     "rollout.tensor_parallel": _at_least(1), "rollout.group_size": _at_least(1),
     "rollout.prompts_per_step": _at_least(1), "rollout.max_new_tokens": _at_least(1),
-    "rollout.temperature": _above(0), "rollout.max_model_len": _at_least(0),
+    "rollout.temperature": (lambda v: 0 < v <= 2, "in (0, 2] (vLLM refuses more)"), "rollout.max_model_len": _at_least(0),
     "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.cpu_kv_cache_gb": _above(0), "rollout.logprob_diff_threshold": _at_least(0),
     "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),

@@ -54,12 +54,14 @@ def per_token(run: Run, micro: Batch | None, forward):
     the micro-batch's rows: run on the padded rows, or on their packed row (a dummy's, unpacking to no
     rows, when micro is None)."""
     if not run.cfg.train.max_tokens_per_micro_batch:
+        if micro.position_ids is not None:  # rows of several sequences: the positions alone separate them
+            return forward(micro.input_ids, None, micro.position_ids)
         return forward(micro.input_ids, micro.attention_mask, None)
     # sdpa / eager compute the whole [N, N] packing mask: rows as wide as the longest sequence keep attention
     # ~N x longest; flash-attention's varlen path needs the one packed row (rlcore.packing.pack).
     split = run.cfg.model.attn_implementation != "flash_attention_2"
     packed = packing.dummy(device_type()) if micro is None else \
-        packing.pack(micro.input_ids, micro.attention_mask, split=split)
+        packing.pack(micro.input_ids, micro.attention_mask, split=split, position_ids=micro.position_ids)
     return packed.unpack(forward(packed.input_ids, None, packed.position_ids))
 
 

@@ -85,13 +85,17 @@ class Packed:
         return out.index_put((self.dest,), per_token.reshape(-1)[self.source]).view(self.rows, self.width)
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: bool = False) -> Packed:
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: bool = False,
+         position_ids: torch.Tensor | None = None) -> Packed:
     """Right-padded rows input_ids / attention_mask [b, L] -> one packed row (see the module docstring).
 
     split: several packed rows [r, W] instead, W = the longest sequence, filled first-fit-decreasing and each
     ended by a pad segment (token 0, positions restarting at 0; its outputs are dropped). sdpa and eager
     attention compute every block of the [N, N] packing mask, so one long row costs ~N^2 attention; rows of
-    width W cost ~N * W. Not for flash-attention: its varlen path reads packed position_ids of one row only."""
+    width W cost ~N * W. Not for flash-attention: its varlen path reads packed position_ids of one row only.
+
+    position_ids [b, L]: the rows' own positions, kept in the packed row (a row of several sequences restarts
+    them: rlcore.batch); default 0, 1, ... per row."""
     lengths = attention_mask.sum(-1).tolist()  # [b] real tokens per row
     b, L = input_ids.shape
     T, dev = L - 1, input_ids.device
@@ -106,7 +110,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, split: bool = Fa
         for row in members:
             n = lengths[row]
             ids.append(input_ids[row, :n])
-            positions.append(torch.arange(n, device=dev))
+            positions.append(torch.arange(n, device=dev) if position_ids is None else position_ids[row, :n])
             start = r * (width - 1) + offset  # outputs are [r, W - 1]: position p of row r is r * (W - 1) + p
             source.append(torch.arange(start, start + n - 1, device=dev))  # the next token is in this sequence
             dest.append(torch.arange(row * T, row * T + n - 1, device=dev))

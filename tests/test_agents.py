@@ -25,7 +25,8 @@ def test_the_recipe_agent_shows_the_schema_the_warm_start_saw():
 def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
     """Both ranks of one TP=2 engine make exactly the same engine calls while each runs its own agents with
     random pauses; refusals and agent errors fail only their trajectories (the same on both ranks); a rewritten
-    history is counted; the engine's logprobs match the trainer's over every model token."""
+    history trains both its sequences; the engine's logprobs match the trainer's over every model token (the
+    rewritten rows' second sequences through their restarting positions)."""
     out = tmp_path / "agents.json"
     proc = torchrun(WORKERS / "agent_worker.py", out)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -43,11 +44,14 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
         for i, turns in r["turns"].items():
             kind = int(i) % 4
             assert turns == {1: 2, 2: 1, 3: 0}.get(kind, turns) and (kind != 0 or turns in (1, 2))
-            # failed trajectories keep no tokens; the rewriter trains on its last call only
+            # failed trajectories keep no tokens; the rewriter trains both calls: two sequences in its row, the
+            # second's prompt masked (and the engine's logprobs of both matched the trainer's: r["diff"])
             assert (sum(r["sampled"][i]) == 0) == (kind in (2, 3))
             if kind == 1:
-                assert all(r["sampled"][i])
-    assert a["failed"] + b["failed"] == 14 and a["dropped"] + b["dropped"] == 8  # 15 prompts x 2: 7 + 7 failed
+                (t1, t2), start, sampled = r["turn_lens"][i], r["starts"][i], r["sampled"][i]
+                assert len(start) == 1 and sampled == [1] * t1 + [0] * (len(sampled) - t1 - t2) + [1] * t2
+                assert len(sampled) - t1 - t2 > 6  # the rewritten prompt, rendered afresh
+    assert a["failed"] + b["failed"] == 14 and a["rewritten"] + b["rewritten"] == 8  # 15 prompts x 2: 7 + 7 failed
     rewards = a["rewards"]
     assert all(rewards[i] in (0.0, 1.0) for i in range(0, 30, 4)) and [rewards[i] for i in range(1, 30, 4)] == [0.5] * 8
 

@@ -105,7 +105,8 @@ def test_broken_recipe_file(entry, tmp_path, content, says):
 
 @pytest.mark.parametrize("override, says", [
     ("optim.lr=nan", "optim.lr must be >= 0 (got nan)"),
-    ("rollout.temperature=-0.5", "rollout.temperature must be > 0 (got -0.5)"),
+    ("rollout.temperature=-0.5", "rollout.temperature must be in (0, 2] (vLLM refuses more) (got -0.5)"),
+    ("rollout.temperature=3", "rollout.temperature must be in (0, 2] (vLLM refuses more) (got 3.0)"),
     ("train.micro_batch_size=0", "train.micro_batch_size must be >= 1 (got 0)"),
     ("rollout.gpu_memory_utilization=1.5", "rollout.gpu_memory_utilization must be in (0, 1] (got 1.5)"),
     ("rollout.cpu_kv_cache_gb=nan", "rollout.cpu_kv_cache_gb must be > 0 (got nan)"),

@@ -7,12 +7,13 @@ import random
 
 import openai
 import pytest
+import torch
 
 from rlcore.rollout import agents, chat
-from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.endpoint import MODEL, Endpoint, InProcess
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.engine import Sample
-from rlcore.rollout.turns import Trajectory
+from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.tasks import tooladd
 
 TOOLS = tooladd.AddEnv.toolbox.schemas
@@ -93,7 +94,7 @@ def test_a_tool_call_and_its_answer_are_one_sequence_token_for_token(tok):
     end of turn; the trajectory is that one sequence, only the model's tokens flagged, the engine's logprobs."""
     trajs, stats, engine, _ = run(tok, tool_agent, ROWS)
     adds = [c for c in engine.calls if c[0] == "add"]
-    assert len(adds) == 4 and stats.calls == 4 and stats.failed == 0 and stats.dropped_sequences == 0
+    assert len(adds) == 4 and stats.calls == 4 and stats.failed == 0 and stats.rewritten == 0
     for x, row in zip(trajs, ROWS):
         a, b = row["prompt"][:-1].split("+")
         p1 = tooladd.prompt_ids(tok, row["prompt"])  # the endpoint renders exactly what data.chat_template does
@@ -106,15 +107,17 @@ def test_a_tool_call_and_its_answer_are_one_sequence_token_for_token(tok):
         assert x.sampled == [1] * len(call) + [0] * len(obs) + [1] * len(answer)
         assert x.logprobs == [-0.01 * (j + 1) for j in range(len(call))] + [0.0] * len(obs) + \
             [-0.01 * (j + 1) for j in range(len(answer))]
-        assert x.turns == [call, answer]
+        assert x.turns == [call, answer] and x.starts == []
+    assert to_batch(trajs, 0, 2, 32).position_ids is None  # one sequence per row: the batch of environments
     # seeds: call k of the trajectory seeded s uses turn_seed(s, k), as an environment's turn k does
     from rlcore.rollout.turns import turn_seed
     assert sorted(c[4] for c in adds) == sorted(turn_seed(100 + i, k) for i in range(2) for k in range(2))
 
 
-def test_a_rewritten_history_opens_a_new_sequence(tok):
+def test_a_rewritten_history_trains_both_sequences(tok):
     """The agent drops the call and asks again with the answer in the user turn: a fresh render, a second
-    sequence; the trajectory trains on the last one and counts the first in dropped_sequences."""
+    sequence. Both are trained: they lie one after another in the trajectory's row, the second restarting its
+    positions, only the model's tokens in the loss mask, the engine's logprobs beside them."""
     async def rewriter(client, row):
         r = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": row["prompt"]}],
                                                  tools=TOOLS)
@@ -124,12 +127,61 @@ def test_a_rewritten_history_opens_a_new_sequence(tok):
         return 1.0
     trajs, stats, engine, _ = run(tok, rewriter, ROWS[:1])
     x = trajs[0]
-    assert stats.dropped_sequences == 1 and stats.failed == 0
-    second = [c for c in engine.calls if c[0] == "add"][1][2]
+    assert stats.rewritten == 1 and stats.failed == 0 and len(x.turns) == 2
+    (_, _, first, _, _), (_, _, second, _, _) = [c for c in engine.calls if c[0] == "add"]
     rendered = tok.apply_chat_template([{"role": "user", "content": "47+38= (the tool says 85)"}],
                                        add_generation_prompt=True, tokenize=True)
-    assert second == list(rendered["input_ids"]) and x.prompt_ids == second
-    assert x.sampled == [1] * len(x.tokens) and len(x.turns) == 2
+    assert second == list(rendered["input_ids"]) and first == tooladd.prompt_ids(tok, "47+38=")
+    call, answer = x.turns
+    assert x.prompt_ids == first and x.tokens == call + second + answer and x.starts == [len(first) + len(call)]
+    assert x.sampled == [1] * len(call) + [0] * len(second) + [1] * len(answer)
+    lp = [-0.01 * (j + 1) for j in range(len(call))] + [0.0] * len(second) + [-0.01 * (j + 1) for j in range(len(answer))]
+    assert x.logprobs == lp
+    b = to_batch(trajs, 0, 1, 32)
+    n, s = len(first) + len(call), len(second) + len(answer)
+    assert b.position_ids[0].tolist() == list(range(n)) + list(range(s))
+    assert b.loss_mask[0].tolist() == [0.0] * (len(first) - 1) + x.sampled
+    assert b.rollout_logprobs[0].tolist() == pytest.approx([0.0] * (len(first) - 1) + lp)
+
+
+def test_rewritten_rows_take_their_trajectory_advantage_and_count_once():
+    """A group of 3 (rewards 1, 0, 0): A rewrote its history (2 model tokens, then 1 in a second sequence), B
+    answered in one call (1 token), C extended its history (2 + 1 tokens, one sequence). GRPO's group advantage
+    (mean 1/3, std sqrt(1/3)): A +1.1547 on all 3 of its model tokens, B and C -0.5774. The step's counts: 7 tokens,
+    3 sequences (A's row is one). token-mean of the policy loss at ratio 1 (-A per token): -(3 * 1.1547 - 4 *
+    0.5774) / 7 = -0.16496; seq-mean-token-mean of l = 1, 2, ... over each row's model tokens: A (1 + 2 + 3) / 3,
+    B 1, C (1 + 2 + 3) / 3 -> (2 + 1 + 2) / 3 = 1.6667."""
+    from rlcore.algorithms.grpo import GRPO
+    from rlcore.batch import Normaliser
+    from rlcore.objectives import aggregate, local_normaliser
+    from rlcore.rollout.sessions import Session
+
+    calls = {"A": [Call([5, 6], [7, 8], [-0.1, -0.2], "stop"), Call([9], [10], [-0.3], "stop")],
+             "B": [Call([5, 6], [7], [-0.1], "stop")],
+             "C": [Call([5, 6], [7, 8], [-0.1, -0.2], "stop"), Call([5, 6, 7, 8, 13], [14], [-0.4], "stop")]}
+    trajs = []
+    for name, reward in (("A", 1.0), ("B", 0.0), ("C", 0.0)):
+        x, s = Trajectory([5, 6], {}, seed=0, owner=0), Session(0)
+        s.calls = calls[name]
+        assert agents.fill(x, s) == (name == "A")
+        trajs.append(x)
+    b = to_batch(trajs, 0, 3, 32)
+    b.rewards = torch.tensor([1.0, 0.0, 0.0])
+    assert b.input_ids[0].tolist() == [5, 6, 7, 8, 9, 10] and b.position_ids[0].tolist() == [0, 1, 2, 3, 0, 1]
+    assert b.position_ids[2].tolist() == [0, 1, 2, 3, 4, 5]  # C: one sequence
+    assert b.loss_mask.tolist() == [[0, 1, 1, 0, 1], [0, 1, 0, 0, 0], [0, 1, 1, 0, 1]]
+    adv, _ = GRPO().advantages(b)
+    a = 2 / 3 / (1 / 3) ** 0.5
+    assert torch.allclose(adv, torch.tensor([[0, a, a, 0, a], [0, -a / 2, 0, 0, 0], [0, -a / 2, -a / 2, 0, -a / 2]]),
+                          atol=1e-4)
+    local = local_normaliser(b.loss_mask)
+    assert (local.tokens, local.sequences) == (7.0, 3.0)
+    norm = Normaliser(7.0, 3.0, max_len=b.max_model_tokens)
+    b.advantages, b.old_logprobs = adv, b.rollout_logprobs.clone()
+    loss, _ = GRPO(loss_agg="token-mean").loss(b, b.rollout_logprobs.clone(), norm)
+    assert loss.item() == pytest.approx(-(3 * a - 4 * a / 2) / 7, abs=1e-5) == pytest.approx(-0.16496, abs=1e-4)
+    ranks = b.loss_mask.cumsum(-1) * b.loss_mask  # 1, 2, ... over each row's model tokens
+    assert aggregate(ranks, b.loss_mask, "seq-mean-token-mean", norm).item() == pytest.approx(5 / 3)
 
 
 def test_sequences_join_extending_calls_and_split_rewrites():
@@ -171,6 +223,27 @@ def test_refused_parameters_answer_400_once_and_fail_the_trajectory(tok):
     assert endpoint.answered == len(cases)  # one request each: no retries
 
 
+def test_a_client_of_the_agents_own_reaches_the_same_session_over_http(tok, monkeypatch):
+    """The handed client goes in process (Endpoint.ahandle); a client the agent builds from its base_url and
+    api_key goes over loopback HTTP (a server thread, Endpoint.handle): the same trajectories, token for token."""
+    async def own(client, row):
+        async with openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=0) as c:
+            return await tool_agent(c, row)
+    in_process = []
+    ahandle = Endpoint.ahandle
+
+    async def counted(self, *args):
+        in_process.append(args[1])
+        return await ahandle(self, *args)
+    monkeypatch.setattr(Endpoint, "ahandle", counted)
+    handed, *_ = run(tok, tool_agent, ROWS)
+    assert len(in_process) == 4
+    over_http, stats, _, endpoint = run(tok, own, ROWS)
+    assert len(in_process) == 4 and endpoint.answered == 4 and stats.failed == 0
+    assert [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in handed] == \
+        [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in over_http]
+
+
 def test_the_token_is_required_and_per_trajectory(tok):
     """No token or a wrong token: 401; another trajectory's token reaches only that trajectory."""
     endpoint = Endpoint(tok, 1.0, 16, 96, 4)
@@ -179,10 +252,13 @@ def test_the_token_is_required_and_per_trajectory(tok):
 
         async def main():
             for key in ("", "not-a-token", s.token[:-1] + "x"):
-                c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0)
-                with pytest.raises(openai.AuthenticationError) as e:
-                    await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
-                assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
+                for http in (None, openai.DefaultAsyncHttpxClient(transport=InProcess(endpoint))):  # HTTP, in process
+                    c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0,
+                                           http_client=http)
+                    with pytest.raises(openai.AuthenticationError) as e:
+                        await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
+                    assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
+                    assert e.value.response.headers["x-should-retry"] == "false"
             import httpx
             async with httpx.AsyncClient() as h:
                 r = await h.post(endpoint.base_url + "/chat/completions", json={"model": MODEL, "messages": []})
@@ -259,9 +335,30 @@ def test_completions_take_text_or_token_ids_and_ids_extend_the_sequence(tok):
     engine_out = []
     trajs, stats, engine, _ = run(tok, agent, ROWS[:1], engine=Recording(tok))
     x = trajs[0]
-    assert stats.calls == 3 and stats.failed == 0 and stats.dropped_sequences == 1  # the text call: a new sequence
-    assert seen["text"] == tok.decode(engine_out[0]) and seen["usage"] == len(tok.encode("47+38=",
-                                                                                         add_special_tokens=False))
-    assert x.prompt_ids == tok.encode("47+38=", add_special_tokens=False) and x.tokens == engine_out[2]
+    assert stats.calls == 3 and stats.failed == 0 and stats.rewritten == 1  # the text call: a new sequence
+    text = tok.encode("47+38=", add_special_tokens=False)
+    assert seen["text"] == tok.decode(engine_out[0]) and seen["usage"] == len(text)
     adds = [c for c in engine.calls if c[0] == "add"]
+    first = adds[1][2] + engine_out[1]  # calls 1 and 2: one sequence; then the text call's
+    assert x.prompt_ids + x.tokens == first + text + engine_out[2] and x.starts == [len(first)]
     assert adds[1][2][:len(adds[0][2]) + len(engine_out[0])] == adds[0][2] + engine_out[0]
+
+
+def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok):
+    """Agents that start at different moments (0-30 ms) make their first calls one by one: the rollout holds
+    them until every agent has called (agents.GATHER_S at most), so the first engine step runs all of them
+    together instead of a sliver of the batch; an agent still busy past GATHER_S does not hold the rest."""
+    class Logged(StepEngine):
+        def step(self):
+            self.calls.append(("step",))
+            return super().step()
+
+    async def late(client, row):
+        await asyncio.sleep(random.Random(row["prompt"]).random() * 0.03 if row["prompt"] != "slow" else 1.0)
+        return await tool_agent(client, row | {"prompt": row["prompt"].replace("slow", "11+11=")})
+    rows = [{"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i)} for i in range(8)]
+    for extra, first in (([], 8), ([{"prompt": "slow", "answer": "22"}], 8)):
+        trajs, stats, engine, _ = run(tok, late, rows + extra, engine=Logged(tok), workers=16)
+        assert stats.failed == 0 and all(x.env_reward == 1.0 for x in trajs)
+        kinds = [c[0] for c in engine.calls]
+        assert kinds.index("step") == first  # the 8 first calls, then the first step (the slow one joins later)

@@ -212,3 +212,34 @@ def test_on_policy_update_takes_its_own_old_logprobs(update_worker):
         assert r[f"on_policy/{budget}/old_diff/rank0"] < 1e-6 and r[f"on_policy/{budget}/old_diff/rank1"] < 1e-6
         assert r[f"on_policy/{budget}/moved_before_step"] == 0.0 and r[f"on_policy/{budget}/moved_after"] > 1e-4
         assert r[f"on_policy/{budget}/grad"] < 1e-6 and r[f"on_policy/{budget}/metrics"] < 1e-6
+
+
+def test_a_row_of_two_sequences_scores_each_as_its_own_row():
+    """A rewritten agent history (rlcore.batch position_ids): rows 0 and 1 laid one after the other in one row,
+    positions restarting at the second, score every token as the two padded rows do (1e-5), through the
+    padded forward (mask None, rlcore.forward.per_token) and packed with the row's own positions; without the
+    restart (a negative control) the second sequence reads the first and scores differently."""
+    model = tiny_model()
+    ids, mask = batch()
+    n0, n1 = LENGTHS[0], LENGTHS[1]
+    row = torch.cat([ids[0, :n0], ids[1, :n1]])[None]  # [1, n0 + n1]
+    positions = torch.cat([torch.arange(n0), torch.arange(n1)])[None]
+    with torch.no_grad():
+        ref, _ = logprobs(model, ids, mask)
+        both = models.token_logprobs(model, row, None, 0.8, position_ids=positions)  # [1, n0 + n1 - 1]
+        p = packing.pack(row, torch.ones_like(row), position_ids=positions)
+        packed = p.unpack(models.token_logprobs(model, p.input_ids, None, 0.8, position_ids=p.position_ids))
+        plain = models.token_logprobs(model, row, torch.ones_like(row), 0.8)
+        # the trainer's forwards (rlcore.forward.per_token) on a Batch holding that row, padded and packed
+        from types import SimpleNamespace
+        from rlcore.batch import Batch
+        from rlcore.forward import per_token
+        b = Batch(row, torch.ones_like(row), torch.ones(1, n0 + n1 - 1), torch.zeros(1, n0 + n1 - 1), torch.zeros(1), 1,
+                  position_ids=positions)
+        trained = [per_token(SimpleNamespace(cfg=SimpleNamespace(
+            train=SimpleNamespace(max_tokens_per_micro_batch=budget), model=SimpleNamespace(attn_implementation="sdpa"))),
+            b, lambda i, m, pos: models.token_logprobs(model, i, m, 0.8, position_ids=pos)) for budget in (0, 64)]
+    for out in (both, packed, *trained):
+        assert (out[0, :n0 - 1] - ref[0, :n0 - 1]).abs().max() < 1e-5
+        assert (out[0, n0:n0 + n1 - 1] - ref[1, :n1 - 1]).abs().max() < 1e-5
+    assert (plain[0, n0:n0 + n1 - 1] - ref[1, :n1 - 1]).abs().max() > 1e-2

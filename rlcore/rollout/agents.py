@@ -19,10 +19,16 @@ the call budget (rollout.max_turns calls) or rollout.env_timeout_s on the whole 
 no loss on its tokens, counted in agent/failed, agent/timeouts.
 
 Training sequences (rlcore.rollout.sessions.sequences): calls that extend each other form one sequence with
-the non-model tokens masked. When the agent rewrote its history, the calls form several sequences; the Batch
-holds one row per trajectory (prompt groups keep their shape for group baselines), so the trajectory trains on
-its last sequence (the one that ended with the answer the reward judged) and the earlier ones are counted in
-agent/dropped_sequences, not trained on.
+the non-model tokens masked. When the agent rewrote its history, the calls form several sequences, and every
+one is trained: they lie one after another in the trajectory's one row of the Batch, each restarting its
+positions (Trajectory.starts -> Batch.position_ids), so each attends only to itself, as if it were a row of its
+own. One row per trajectory keeps the prompt groups' shape, so the group baselines stay per trajectory: the
+trajectory's advantage reaches every model token of every sequence, and the loss sees one sequence per
+trajectory (token-mean counts all its model tokens; seq-mean-token-mean averages them into one sequence).
+
+    calls      [p p] -> [a];  [q q] -> [b]                    (the second call rewrote the history)
+    row        p p a q q b      sampled 0 0 1 0 0 1     position_ids 0 1 2 0 1 2
+agent/rewritten counts the sequences beyond a trajectory's first.
 """
 from __future__ import annotations
 
@@ -34,10 +40,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
-from rlcore.rollout.endpoint import Endpoint
+from rlcore.rollout.endpoint import Endpoint, InProcess
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
+GATHER_S = 0.2  # longest a rollout's first engine step waits for the rank's agents to make their first calls
 _rollouts = iter(range(10**12))  # request ids stay unique across rollouts (the same count on every rank)
 
 
@@ -47,7 +54,7 @@ class AgentStats(TurnStats):
     calls: int = 0  # engine calls of this group's agents
     failed: int = 0  # trajectories whose agent raised or was refused (this rank's)
     timeouts: int = 0  # ... that ran past rollout.env_timeout_s
-    dropped_sequences: int = 0  # earlier sequences of rewritten histories (not trained on)
+    rewritten: int = 0  # sequences beyond a trajectory's first (rewritten histories; each trained)
     first_error: str = ""  # why the first failed trajectory (of this rank) failed
 
 
@@ -78,9 +85,9 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
     live: dict[str, Request] = {}  # request id -> the request, for requests in the engine (the same on every rank)
     sessions: dict[int, Session] = {}
 
-    # One connection pool for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the
-    # session is the token, not the connection.
-    http = DefaultAsyncHttpxClient()
+    # One HTTP client for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the session
+    # is the token, not the connection. Its transport hands each request to the endpoint in process (InProcess).
+    http = DefaultAsyncHttpxClient(transport=InProcess(endpoint))
 
     async def run_agent(x: Trajectory, s: Session):
         client = AsyncOpenAI(base_url=endpoint.base_url, api_key=s.token, max_retries=0, timeout=timeout_s,
@@ -91,10 +98,18 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
         if x.owner == tp_rank:
             sessions[i] = endpoint.open(i)
             runner.submit(i, run_agent, x, sessions[i])
+            runner.calls[i][0].add_done_callback(lambda _: endpoint.wake.set())  # an idle loop sees the end at once
     try:
+        gathering = bool(sessions)
         while not all(x.done for x in trajs):
+            # 0. the first calls of a rollout are held until every agent of this rank has made its own (or ended),
+            # at most GATHER_S: they arrive one by one as the agents start, and each engine step taken meanwhile
+            # would run a sliver of the batch (a step costs about as much for 1 sequence as for 128)
+            if gathering:
+                gathering = time.perf_counter() - t0 < GATHER_S and any(
+                    s.started == 0 and not s.closed and i in runner.calls for i, s in sessions.items())
             # 1. agree: this rank's new requests and finished agents, merged over the group
-            local = {("call", r.index, r.call): r for r in endpoint.take()}
+            local = {} if gathering else {("call", r.index, r.call): r for r in endpoint.take()}
             for i, o in runner.finished(timeout_s).items():
                 local[("end", i)] = end_of(o)
             t = time.perf_counter()
@@ -149,7 +164,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
             if not s.closed:  # only after an error
                 endpoint.close(s, "the rollout ended")
     for i, s in sessions.items():
-        stats.dropped_sequences += fill(trajs[i], s)
+        stats.rewritten += fill(trajs[i], s)
         stats.failed += trajs[i].error is not None
         stats.timeouts += trajs[i].timed_out
         stats.first_error = stats.first_error or trajs[i].error or ""
@@ -170,8 +185,9 @@ def end_of(o) -> dict:
 
 
 def fill(x: Trajectory, s: Session) -> int:
-    """The trajectory's tokens from its session: its last sequence (see the module docstring); a failed or timed
-    out trajectory keeps its prompt only (nothing to train on). Returns the sequences left out."""
+    """The trajectory's tokens from its session: every sequence, one after another in its row (see the module
+    docstring); a failed or timed out trajectory keeps its prompt only (nothing to train on). Returns the
+    sequences beyond the first."""
     if s.failed and x.error is None and not x.timed_out:
         x.error = s.failed  # a refused call fails its trajectory even when the agent caught the error
     seqs = sequences(s.calls)
@@ -179,6 +195,12 @@ def fill(x: Trajectory, s: Session) -> int:
     if x.error or x.timed_out or not seqs:
         x.env_reward = 0.0
         return 0
-    last = seqs[-1]
-    x.prompt_ids, x.tokens, x.sampled, x.logprobs = last.prompt_ids, last.tokens, last.sampled, last.logprobs
+    first = seqs[0]
+    x.prompt_ids, x.tokens, x.sampled, x.logprobs = first.prompt_ids, first.tokens, first.sampled, first.logprobs
+    for seq in seqs[1:]:
+        x.starts.append(len(x.prompt_ids) + len(x.tokens))
+        x.append(seq.prompt_ids, False)
+        x.tokens += seq.tokens
+        x.sampled += seq.sampled
+        x.logprobs += seq.logprobs
     return len(seqs) - 1

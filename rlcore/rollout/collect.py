@@ -146,7 +146,7 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
         counts |= tool_stats([x.env for x in mine]).metrics("tool/")
     if isinstance(stats, agents.AgentStats):
         counts |= {"agent_calls": stats.calls / run.dims.tp, "agent_failed": stats.failed,
-                   "agent_timeouts": stats.timeouts, "agent_dropped": stats.dropped_sequences,
+                   "agent_timeouts": stats.timeouts, "agent_rewritten": stats.rewritten,
                    "rollout_s": stats.rollout_s}
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
@@ -213,10 +213,10 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
     if run.rollout.envs.factory is not None:
         stats |= env_metrics(run, totals, r_n)
     if run.rollout.envs.agent is not None:
-        calls, failed, timeouts, dropped = all_sum(totals["agent_calls"], totals["agent_failed"],
-                                                   totals["agent_timeouts"], totals["agent_dropped"])
+        calls, failed, timeouts, rewritten = all_sum(totals["agent_calls"], totals["agent_failed"],
+                                                     totals["agent_timeouts"], totals["agent_rewritten"])
         stats |= {"agent/calls_mean": calls / r_n, "agent/failed": failed, "agent/timeouts": timeouts,
-                  "agent/dropped_sequences": dropped}
+                  "agent/rewritten": rewritten}
     return batch, stats
 
 

@@ -8,6 +8,9 @@ trains with rlcore (rollout.agent; the loop that feeds the engine is rlcore.roll
 A stdlib HTTP server on 127.0.0.1 (a random port), one per rank. Each trajectory gets its own random bearer
 token: it is both the password (other users of a shared node cannot reach the engine) and the session (which
 trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+The clients rlcore hands its agents skip the sockets (InProcess: the same request, headers and answer, handled
+on the agent's event loop by `ahandle`); over HTTP a server thread blocks in `handle`. Both run `start` (check,
+render, queue the engine call), wait for the engine, then `finish` (the sample -> the answer).
 
 Token ids, never re-rendered. The server renders a chat call to token ids itself and records, per session,
 every call's exact prompt ids, the completion ids the engine sampled and their logprobs. When a call's
@@ -27,18 +30,24 @@ unknown fields are refused too: an OpenAI-style 400 error body naming the parame
 """
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import json
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import httpx2  # the openai client's HTTP library
 
 from rlcore.rollout import chat
 from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
 from rlcore.rollout.toolcall import PARSERS
 
 MODEL = "policy"  # the model name the endpoint serves
+RENDERS_KEPT = 4096  # cached chat renders (a step's distinct prompts and tool answers), dropped together when full
 WAIT_S = 3600.0  # longest a request waits for the engine (a rollout always answers or closes the session first)
 # Fields a client may send; whether their values are accepted is checked below.
 CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "n", "max_tokens", "max_completion_tokens", "stop",
@@ -56,6 +65,14 @@ REFUSED = {"n": "one sample per call: a trajectory is one conversation", "stream
            "top_logprobs": "logprobs are not returned (the endpoint records them)",
            "tool_choice": "forcing a call needs constrained decoding, which changes the sampled distribution",
            "": "it changes the sampled distribution, so the recorded logprobs would differ from the trainer's"}
+
+
+@dataclass
+class Pending:
+    """A call in the engine: its session, the future the rollout loop answers, and sample -> response body."""
+    session: Session
+    future: cf.Future
+    respond: Callable[[object], dict]
 
 
 class APIError(Exception):
@@ -82,6 +99,7 @@ class Endpoint:
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()  # set when a request arrives (the rollout loop waits on it when idle)
         self.render_lock = threading.Lock()  # one tokenizer, many HTTP threads
+        self.renders: dict[tuple, tuple[int, ...]] = {}  # (kind, messages as JSON) -> token ids
         self.answered = 0  # HTTP requests answered (refusals included)
         self.reported = False  # whether the run has printed an agent's failure
         self.httpd = _Server(("127.0.0.1", 0), _Handler)
@@ -131,6 +149,23 @@ class Endpoint:
     # ---- one HTTP request -----------------------------------------------------------------------------------
 
     def handle(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, dict]:
+        """One request, answered on the calling thread (an HTTP thread): it blocks while the engine samples."""
+        out = self.start(method, path, auth, body)
+        if isinstance(out, Pending):
+            out = self.finish(out, lambda: out.future.result(timeout=WAIT_S))
+        return out
+
+    async def ahandle(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, dict]:
+        """The same, on an event loop (the agents' clients in process): awaits the engine instead of blocking."""
+        out = self.start(method, path, auth, body)
+        if isinstance(out, Pending):
+            sample = await asyncio.wrap_future(out.future)  # an APIError when the trajectory ended meanwhile
+            out = self.finish(out, lambda: sample)
+        return out
+
+    def start(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, dict] | Pending:
+        """Check and render a request and queue its engine call: a Pending, or the answer when there is no call
+        to make (a refusal, GET /v1/models)."""
         self.answered += 1
         s = self.sessions.get(auth.removeprefix("Bearer ").strip()) if auth.startswith("Bearer ") else None
         try:
@@ -148,11 +183,22 @@ class Endpoint:
                 raise APIError(400, f"the body is not JSON ({e.msg})") from None
             if not isinstance(req, dict):
                 raise APIError(400, "the body must be a JSON object")
-            return 200, self.chat(s, req) if path.rstrip("/").endswith("chat/completions") else self.complete(s, req)
+            return self.chat(s, req) if path.rstrip("/").endswith("chat/completions") else self.complete(s, req)
         except APIError as e:
-            if s is not None and e.status != 401 and s.failed is None:
-                s.failed = str(e)  # a refused call fails its trajectory (no loss on it); the run goes on
+            return self.refused(s, e)
+
+    def finish(self, p: Pending, sample) -> tuple[int, dict]:
+        """The engine's sample (`sample()` returns it or raises) -> the response body."""
+        try:
+            return 200, p.respond(sample())
+        except APIError as e:  # the trajectory ended while the call waited (its session says why already)
             return e.status, e.body()
+
+    @staticmethod
+    def refused(s: Session | None, e: APIError) -> tuple[int, dict]:
+        if s is not None and e.status != 401 and s.failed is None:
+            s.failed = str(e)  # a refused call fails its trajectory (no loss on it); the run goes on
+        return e.status, e.body()
 
     def check(self, req: dict, allowed: set[str]) -> tuple[int, list[int]]:
         """Refuse what would change the sampled distribution; -> (max_tokens asked, stop token ids)."""
@@ -187,7 +233,7 @@ class Endpoint:
             stop_ids.append(ids[0])
         return cap, stop_ids
 
-    def chat(self, s: Session, req: dict) -> dict:
+    def chat(self, s: Session, req: dict) -> Pending:
         cap, stop_ids = self.check(req, CHAT_FIELDS)
         messages, tools = req.get("messages"), req.get("tools") or None
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
@@ -198,39 +244,55 @@ class Endpoint:
                 ids = self._chat_ids(s, messages, norm, tools)
             except (KeyError, TypeError, ValueError) as e:  # the template rejected the messages
                 raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
-        sample = self.run(s, ids, cap, stop_ids)
-        turn = [t for t in sample.token_ids if t not in self.ends] if sample.finish_reason == "stop" else \
-            sample.token_ids
-        text = self.tokenizer.decode(turn, skip_special_tokens=False)
-        calls, error = self.parse(text) if req.get("tool_choice") != "none" else ([], None)
-        if error:
-            calls = []  # a malformed call comes back as text; the agent sees what the model wrote
-        content = text.split("<tool_call>")[0] if calls else text
-        tool_calls = [{"id": f"call_{s.index}_{len(s.calls)}_{j}", "type": "function",
-                       "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                      for j, c in enumerate(calls)]
-        message = {"role": "assistant", "content": content or None} | ({"tool_calls": tool_calls} if calls else {})
-        reply = normalise(message)
-        ended = sample.finish_reason == "stop" and sample.token_ids and sample.token_ids[-1] == self.turn_end
-        s.last = (norm, reply, tools, ids + list(sample.token_ids)) if ended else None
-        finish = "tool_calls" if calls else sample.finish_reason
-        return {"id": f"chatcmpl-{s.index}-{len(s.calls)}", "object": "chat.completion", "created": int(time.time()),
-                "model": MODEL, "choices": [{"index": 0, "message": message, "finish_reason": finish,
-                                             "logprobs": None}],
-                "usage": self.usage(ids, sample)}
+
+        def respond(sample) -> dict:
+            turn = [t for t in sample.token_ids if t not in self.ends] if sample.finish_reason == "stop" else \
+                sample.token_ids
+            text = self.tokenizer.decode(turn, skip_special_tokens=False)
+            calls, error = self.parse(text) if req.get("tool_choice") != "none" else ([], None)
+            if error:
+                calls = []  # a malformed call comes back as text; the agent sees what the model wrote
+            content = text.split("<tool_call>")[0] if calls else text
+            tool_calls = [{"id": f"call_{s.index}_{len(s.calls)}_{j}", "type": "function",
+                           "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                          for j, c in enumerate(calls)]
+            message = {"role": "assistant", "content": content or None} | ({"tool_calls": tool_calls} if calls else {})
+            ended = sample.finish_reason == "stop" and sample.token_ids and sample.token_ids[-1] == self.turn_end
+            s.last = (norm, normalise(message), tools, ids + list(sample.token_ids)) if ended else None
+            finish = "tool_calls" if calls else sample.finish_reason
+            return {"id": f"chatcmpl-{s.index}-{len(s.calls)}", "object": "chat.completion",
+                    "created": int(time.time()), "model": MODEL,
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                    "usage": self.usage(ids, sample)}
+        return self.run(s, ids, cap, stop_ids, respond)
 
     def _chat_ids(self, s: Session, messages: list[dict], norm: list[tuple], tools) -> list[int]:
-        """The call's prompt ids: the last call's ids extended by the new messages, or a fresh render."""
+        """The call's prompt ids: the last call's ids extended by the new messages, or a fresh render. Renders are
+        cached by their messages: a group's G trajectories send the same first messages, and the template's
+        output depends on nothing else."""
         if s.last is not None:
             before, reply, last_tools, last_ids = s.last
             k = len(before)
             if tools == last_tools and len(norm) > k + 1 and norm[:k] == before and norm[k] == reply:
-                return last_ids + chat.observation_ids(self.tokenizer, [template_message(m) for m in messages[k + 1:]])
-        ids = self.tokenizer.apply_chat_template([template_message(m) for m in messages], tools=tools,
-                                                 add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+                new = [template_message(m) for m in messages[k + 1:]]
+                return last_ids + self._cached(("obs", json.dumps(new, sort_keys=True)),
+                                               lambda: chat.observation_ids(self.tokenizer, new))
+        whole = [template_message(m) for m in messages]
 
-    def complete(self, s: Session, req: dict) -> dict:
+        def render() -> list[int]:
+            ids = self.tokenizer.apply_chat_template(whole, tools=tools, add_generation_prompt=True, tokenize=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return list(self._cached(("chat", json.dumps([whole, tools], sort_keys=True)), render))
+
+    def _cached(self, key: tuple, render) -> list[int]:
+        ids = self.renders.get(key)
+        if ids is None:
+            if len(self.renders) >= RENDERS_KEPT:
+                self.renders.clear()
+            ids = self.renders[key] = tuple(render())
+        return list(ids)
+
+    def complete(self, s: Session, req: dict) -> Pending:
         cap, stop_ids = self.check(req, COMPLETION_FIELDS)
         prompt = req.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -244,14 +306,16 @@ class Endpoint:
             raise APIError(400, "prompt must be one string or one list of token ids", param="prompt")
         if not all(0 <= i < len(self.tokenizer) for i in ids):
             raise APIError(400, f"prompt token ids must be in [0, {len(self.tokenizer)})", param="prompt")
-        sample = self.run(s, ids, cap, stop_ids)
-        return {"id": f"cmpl-{s.index}-{len(s.calls)}", "object": "text_completion", "created": int(time.time()),
-                "model": MODEL, "choices": [{"index": 0, "text": self.tokenizer.decode(sample.token_ids),
-                                             "finish_reason": sample.finish_reason, "logprobs": None}],
-                "usage": self.usage(ids, sample)}
 
-    def run(self, s: Session, ids: list[int], cap: int, stop_ids: list[int]):
-        """Queue the call for the rollout loop and wait for its sample."""
+        def respond(sample) -> dict:
+            return {"id": f"cmpl-{s.index}-{len(s.calls)}", "object": "text_completion", "created": int(time.time()),
+                    "model": MODEL, "choices": [{"index": 0, "text": self.tokenizer.decode(sample.token_ids),
+                                                 "finish_reason": sample.finish_reason, "logprobs": None}],
+                    "usage": self.usage(ids, sample)}
+        return self.run(s, ids, cap, stop_ids, respond)
+
+    def run(self, s: Session, ids: list[int], cap: int, stop_ids: list[int], respond) -> Pending:
+        """Queue the call for the rollout loop; the caller waits on the Pending's future for its sample."""
         room = self.max_len - len(ids)
         if room < 1:
             raise APIError(400, f"the prompt is {len(ids)} tokens; the engine's context is {self.max_len} "
@@ -268,12 +332,28 @@ class Endpoint:
             s.pending[request.call] = fut
         self.requests.put(request)
         self.wake.set()
-        return fut.result(timeout=WAIT_S)
+        return Pending(s, fut, respond)
 
     @staticmethod
     def usage(ids: list[int], sample) -> dict:
         return {"prompt_tokens": len(ids), "completion_tokens": len(sample.token_ids),
                 "total_tokens": len(ids) + len(sample.token_ids)}
+
+
+class InProcess(httpx2.AsyncBaseTransport):
+    """The transport of the clients rlcore hands its agents: each request goes to Endpoint.ahandle on the agent's
+    own event loop, with the same headers (the bearer token is checked as on the wire), body and answer as over
+    HTTP, but no socket, no server thread and no HTTP parsing between them. An agent that builds a client of its
+    own from base_url and api_key, or runs elsewhere, talks to the HTTP server instead."""
+
+    def __init__(self, endpoint: Endpoint):
+        self.endpoint = endpoint
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        status, payload = await self.endpoint.ahandle(request.method, request.url.path,
+                                                      request.headers.get("Authorization", ""), await request.aread())
+        headers = {"Content-Type": "application/json"} | ({"x-should-retry": "false"} if status >= 400 else {})
+        return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode(), request=request)
 
 
 class _Server(ThreadingHTTPServer):
@@ -296,8 +376,6 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             status, payload = self.server.endpoint.handle(method, self.path, self.headers.get("Authorization", ""),
                                                           body)
-        except APIError as e:  # the trajectory ended while the call waited
-            status, payload = e.status, e.body()
         except cf.TimeoutError:
             status, payload = 504, APIError(504, "the engine did not answer in time").body()
         data = json.dumps(payload).encode()

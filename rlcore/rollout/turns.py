@@ -65,6 +65,9 @@ class Trajectory:
     error: str | None = None  # what the environment raised (the run stops on it)
     failed: str | None = None  # why its observation could not be encoded (it ends, reward 0; the run goes on)
     abandoned: bool = False  # its environment was still in a call when the trajectory ended (not closed)
+    # Where prompt_ids + tokens hold several sequences (an agent that rewrote its history): the offsets at which
+    # the 2nd, 3rd, ... start; each attends only to itself in training (Batch.position_ids). [] = one sequence.
+    starts: list[int] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)  # streaming: the weight version of each sampled token
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
@@ -264,10 +267,15 @@ def to_batch(trajs: list[Trajectory], pad_id: int, group_size: int, max_model_to
     attention_mask = torch.zeros(B, L, dtype=torch.long)
     loss_mask = torch.zeros(B, L - 1)
     rollout_logprobs = torch.zeros(B, L - 1)
+    # Rows of several sequences restart their positions at each one (e.g. starts [5]: 0 1 2 3 4 0 1 2 ...).
+    position_ids = torch.arange(L).repeat(B, 1) if any(x.starts for x in trajs) else None  # [B, L]
     for i, x in enumerate(trajs):
         n, m = len(x.prompt_ids), len(x.tokens)
         input_ids[i, :n + m] = torch.tensor(x.prompt_ids + x.tokens)
         attention_mask[i, :n + m] = 1
         loss_mask[i, n - 1:n + m - 1] = torch.tensor(x.sampled, dtype=torch.float32)  # position t scores t + 1
         rollout_logprobs[i, n - 1:n + m - 1] = torch.tensor(x.logprobs)
-    return Batch(input_ids, attention_mask, loss_mask, rollout_logprobs, torch.zeros(B), group_size, max_model_tokens)
+        for start in x.starts:
+            position_ids[i, start:] -= position_ids[i, start].clone()
+    return Batch(input_ids, attention_mask, loss_mask, rollout_logprobs, torch.zeros(B), group_size, max_model_tokens,
+                 position_ids=position_ids)

@@ -98,11 +98,14 @@ endpoint.shutdown()
 mine = [x for x in trajs if x.owner == tp_rank]
 batch = to_batch(mine, tokenizer.pad_token_id, 1, 32)
 with torch.no_grad():
-    trainer = models.token_logprobs(policy, batch.input_ids, batch.attention_mask, 1.0)
+    # rows of two sequences (the rewriters') carry restarting positions, as the trainer's forwards pass them
+    mask = batch.attention_mask if batch.position_ids is None else None
+    trainer = models.token_logprobs(policy, batch.input_ids, mask, 1.0, position_ids=batch.position_ids)
 result = {"calls": rec.log, "diff": ((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max().item(),
           "model_tokens": batch.loss_mask.sum().item(), "rewards": [x.env_reward for x in trajs],
           "errors": {x.row["i"]: x.error for x in mine if x.error}, "timed_out": [x.timed_out for x in trajs],
-          "dropped": stats.dropped_sequences, "failed": stats.failed, "calls_n": stats.calls,
+          "rewritten": stats.rewritten, "failed": stats.failed, "calls_n": stats.calls,
+          "starts": {x.row["i"]: x.starts for x in mine}, "turn_lens": {x.row["i"]: [len(t) for t in x.turns] for x in mine},
           "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine}}
 everything = [None] * dist.get_world_size()
 dist.all_gather_object(everything, result)
