@@ -1,46 +1,37 @@
-"""Colocated vs split k=0 vs split k=1 on a long-tailed workload: samples/s, each role's idle time, the transfer.
+"""Colocated vs split (batch) vs streaming on a long-tailed workload: samples/s, occupancy, each side's idle share.
 
     flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --rounds 3          # long tail, 2 ranks, pinned
     flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --workload agent --rounds 3
+    flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --workload single    # single-turn long tail
     flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py --recipe tooladd --steps 12   # a recipe as it is
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=benchmarks/async_rl.py \
-        rollout.ranks=1 rollout.max_staleness=1 algorithm.tis_cap=2          # the recipe alone (this file)
+        rollout.ranks=1 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2   # the recipe alone
 
 The workload (this file is also its recipe, `config()`): GRPO on a random-init 3M Qwen2 whose EOS cannot be
 sampled (benchmarks/scaling.py no_eos_model), so a trajectory's length is set by the environment alone:
-LengthEnv lets each prompt run its row's `turns` (1 to 10) model turns of rollout.max_new_tokens tokens,
-answering one token after each. Every step draws the same 8 prompts (the data file has exactly 8; the
-shuffle changes their order) with targets 1, 1, 2, 2, 3, 5, 7, 10 turns: response lengths span 10x inside
-every batch and the engine's batch shrinks turn by turn, the long tail of reasoning rollouts. The reward is
-the share of digits the model writes (the environment's), so advantages are non-zero and the weights move.
-The agent workload is the same with a tool that sleeps a seeded, log-uniform 20-200 ms after every turn
-(benchmarks/agents.py's slow tool): generation time that is tool waiting, not compute.
+LengthEnv lets each prompt run its row's `turns` model turns of rollout.max_new_tokens tokens, answering one
+token after each. Every step draws the same 8 prompts (the data file has exactly 8; the shuffle changes their
+order) with targets TARGETS (1 to 24 turns, 34 in all): response lengths span 24x inside every batch, and a
+batch's engine runs nearly all of its steps for the last few trajectories, the long tail of reasoning
+rollouts. The reward is the share of digits in the transcript (digit_share), so advantages are non-zero and
+the weights move. `agent`: the same with a tool that sleeps a seeded, log-uniform 20-200 ms after every turn
+(benchmarks/agents.py's slow tool): generation time that is tool waiting, not compute. `single`: single-turn,
+the random 3M model with its EOS (about 1 in 32 tokens: lengths geometric, 1 to --tokens), no environment.
 
-Contenders, on the same ranks (--nproc, default 2): colocated (rollout.ranks=0: both ranks generate and
-train), split k=0 (rollout.ranks=1: rank 0 generates, rank 1 trains, on-policy) and split k=1 (the engines
-sample one version behind, with the decoupled-PPO correction algorithm.tis_cap=2). Each run is a real
-`torchrun launch/train.py` of --steps steps; rounds alternate the contenders. With --pin (default) each rank
-is pinned to one core (rank r to core r mod cores, every thread of it, as soon as torchrun starts it).
-
-Measured per run, from rank 0's metrics.jsonl, steps 3..N (1-2 are warm-up and the pipeline filling):
-  step wall s       the time between two consecutive steps' log lines (this script polls the file): the
-                    pipeline's period; samples/s = sequences per step / that
-  rollout idle      1 - time making a batch (time/collect_s split; time/generate_s + time/env_s +
-                    time/reward_s colocated) / step wall: the engine ranks' time not generating
-  trainer wait      1 - (time/step_s + time/sync_s) / step wall: trainer ranks waiting for a batch
-                    (colocated: the same, its rollout is what it waits through)
-  sync s, GB/s      time/sync_s (split: the rollout ranks' receive + in-place reload; colocated: the sync),
-                    and 4 B x parameters (the fp32 weights sent) over it
-Medians over the measured steps of all rounds. Writes a RESULTS.md section.
+Contenders (CONTENDERS), on the same ranks (--nproc, default 2): colocated (rollout.ranks=0: both ranks
+generate and train), split k=0 / k=1 (rollout.ranks=1: rank 0 generates whole batches, rank 1 trains; k=1
+samples one version behind, decoupled-PPO correction algorithm.tis_cap=2), streaming k=1 / k=2 (rollout.stream:
+rank 0's engine keeps rollout.max_running = one batch of trajectories in flight and loads versions under them, at
+deterministic points; "free": rollout.free_loads, each version the moment it arrives; "continuous": tool answers
+join as they arrive).
+Rounds alternate the contenders; with --pin (default) each rank is pinned to one core. What is measured per
+step and how: benchmarks/async_runner.py.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,16 +39,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TARGETS = (1, 1, 2, 2, 3, 5, 7, 10)  # model turns per prompt: every step's batch holds all eight
+TARGETS = (1, 1, 1, 1, 1, 2, 3, 24)  # model turns per prompt: every step's batch holds all eight
+SPLIT = ["rollout.ranks=1", "algorithm.tis_cap=2"]
 CONTENDERS = {
     "colocated": ["rollout.ranks=0"],
     "split k=0": ["rollout.ranks=1", "rollout.max_staleness=0"],
-    "split k=1": ["rollout.ranks=1", "rollout.max_staleness=1", "algorithm.tis_cap=2"],
+    "split k=1": [*SPLIT, "rollout.max_staleness=1"],
+    "stream k=1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1"],
+    "stream k=2": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2"],
+    # Each version loads the moment the trainers have it (not reproducible).
+    "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
+    "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],
+    # Tool answers join as they arrive (not reproducible); versions still load at deterministic points.
+    "stream k=1 continuous": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.schedule=continuous"],
 }
+DEFAULT = ["colocated", "split k=1", "stream k=1", "stream k=2"]  # agent: + stream k=1 continuous
 
 
 class LengthEnv:
-    """Runs the row's `turns` model turns, answering "+" after each; reward: the share of digits written.
+    """Runs the row's `turns` model turns, answering "+" after each (no step reward: digit_share scores).
     With the row's latency_ms = [low, high] each answer first waits a seeded log-uniform time in it."""
     max_turns = max(TARGETS)
 
@@ -70,14 +70,19 @@ class LengthEnv:
             u = random.Random(self.key * 1000 + self.turn).random()
             time.sleep(self.low * (self.high / self.low) ** u)
         self.turn += 1
-        digits = sum(c.isdigit() for c in action) / max(len(action), 1)
-        return "+", digits / self.target, self.turn >= self.target
+        return "+", 0.0, self.turn >= self.target
+
+
+def digit_share(prompts, completions, transcripts=None, **_) -> list[float]:
+    """The share of digits in each response (its whole transcript when multi-turn): "1a+2b" -> 0.4."""
+    return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in transcripts or completions]
 
 
 def data_file(latency_ms: tuple[float, float] | None = None) -> Path:
     """The 8 prompts with their turn targets (and tool latency), written once into the rlcore cache."""
     from rlcore import tiny
-    name = "async-rl-data" + (f"-{latency_ms[0]:g}-{latency_ms[1]:g}ms" if latency_ms else "")
+    name = f"async-rl-data-t{'-'.join(map(str, TARGETS))}" + (
+        f"-{latency_ms[0]:g}-{latency_ms[1]:g}ms" if latency_ms else "")
 
     def build(out: Path) -> None:
         rows = [{"prompt": f"{10 + 9 * i}+{i * 7 % 90}=", "turns": t, "key": i,
@@ -92,7 +97,8 @@ def config():
     """The long-tail recipe (the runner overrides the model, data, tokens per turn and the contender's layout)."""
     from benchmarks.scaling import no_eos_model
     from rlcore.algorithms.grpo import GRPO
-    from rlcore.config import Config, DataConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
+    from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
+                               TrainConfig)
     tokens = 16
     return Config(
         name="async_rl", seed=0,
@@ -105,229 +111,80 @@ def config():
         optim=OptimConfig(lr=1e-4, max_grad_norm=1.0),
         # Packed micro-batches: the update costs the batch's real tokens, not 64 rows x the longest.
         train=TrainConfig(steps=8, micro_batch_size=64, max_tokens_per_micro_batch=4096, eval_every=1000),
-        rewards=[],
+        rewards=[RewardSpec(fn=f"{Path(__file__).resolve()}:digit_share", weight=1.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.2, kl_coef=0.0, loss_agg="token-mean"),
     )
 
 
-# ---- the runner ---------------------------------------------------------------------------------------------
-
-def pin_ranks(proc: subprocess.Popen, nproc: int, cores: list[int], deadline: float) -> int:
-    """Pin every thread of each rank torchrun starts (found by its RANK environment) to core rank % cores."""
-    pinned: set[int] = set()
-    while len(pinned) < nproc and time.time() < deadline and proc.poll() is None:
-        for pid in _descendants(proc.pid):
-            try:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), None)
-                if rank is None or pid in pinned:
-                    continue
-                # Early, while the rank imports: threads it starts later inherit their creator's core.
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    os.sched_setaffinity(int(tid), {cores[rank % len(cores)]})
-                pinned.add(pid)
-            except (OSError, ValueError):
-                continue
-        time.sleep(0.01)
-    return len(pinned)
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            kids = Path(f"/proc/{p}/task/{p}/children").read_text().split()
-        except OSError:
-            continue
-        out += [int(k) for k in kids]
-        todo += [int(k) for k in kids]
-    return out
-
-
-def run_once(args, overrides: list[str], out_dir: Path) -> dict:
-    workload = ([f"recipe={args.recipe}", "data.eval_path="] if args.recipe else [
-        f"recipe={Path(__file__).resolve()}", f"rollout.max_new_tokens={args.tokens}",
-        f"rollout.max_total_tokens={max(TARGETS) * (args.tokens + 1)}", f"model.path={args.model}",
-        f"data.path={args.data}"])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
-           "launch/train.py", *workload, *overrides, f"train.steps={args.steps}", f"output_dir={out_dir}", "name=bench"]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    log = open(out_dir / "stdout.txt", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    pinned = pin_ranks(proc, args.nproc, sorted(os.sched_getaffinity(0)), time.time() + 60) if args.pin else 0
-    metrics, arrivals, seen = out_dir / "bench" / "metrics.jsonl", [], 0
-    while proc.poll() is None:  # each step's log line, stamped as it arrives
-        if metrics.exists():
-            lines = metrics.read_text().splitlines()
-            for line in lines[seen:]:
-                if line.strip():
-                    arrivals.append((json.loads(line), time.perf_counter()))
-            seen = len(lines)
-        time.sleep(0.02)
-    if proc.returncode:
-        sys.exit(f"async_rl run {overrides} failed (exit {proc.returncode}): see {out_dir / 'stdout.txt'}\n"
-                 + (out_dir / "stdout.txt").read_text()[-3000:])
-    lines = [l for l in metrics.read_text().splitlines() if l.strip()][seen:]
-    arrivals += [(json.loads(l), time.perf_counter()) for l in lines]  # the last lines: stamped late (unused)
-    steps = [(m, t) for m, t in arrivals if m["step"] >= 1]
-    rows = []
-    for (prev, t0), (m, t1) in zip(steps, steps[1:]):
-        if m["step"] >= 3 and m["step"] < args.steps:  # the last line may be stamped at exit: left out
-            rows.append(m | {"wall_s": t1 - t0})
-    return {"rows": rows, "pinned": pinned}
-
-
-def summarise(rows: list[dict], params: int) -> dict:
-    from benchmarks.common import median
-    per = []
-    for m in rows:
-        wall = m["wall_s"]
-        making = m.get("time/collect_s", m["time/generate_s"] + m.get("time/env_s", 0.0) + m.get("time/reward_s", 0.0))
-        training = m["time/step_s"] if "time/collect_s" in m else (
-            m["time/logprobs_s"] + m["time/train_s"])
-        per.append({"wall": wall, "sps": m["tokens/sequences"] / wall, "gen": making, "train": training,
-                    "sync": m["time/sync_s"], "rollout_idle": max(0.0, 1 - making / wall),
-                    "trainer_wait": max(0.0, 1 - (training + m["time/sync_s"]) / wall),
-                    "gen_share": making / wall, "train_share": training / wall,
-                    "len_min": m.get("response/length_min", float("nan")), "len_mean": m["response/length_mean"],
-                    "staleness": m.get("async/staleness_mean", 0.0), "is_mean": m.get("policy/is_weight_mean", 1.0)})
-    med = {k: median(p[k] for p in per) for k in per[0]}
-    med["gbps"] = 4 * params / 1e9 / med["sync"]
-    med["n"] = len(per)
-    return med
-
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-# ---- on paper: 7B on 8 and 64 GPUs ---------------------------------------------------------------------------
-
-def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfer: dict[int, float],
-             phis: list[float]):
-    """Step seconds of colocated / split k=0 / split k=1 on W GPUs from a colocated step of gen + train +
-    sync_colocated[W] seconds (all W GPUs generate, then all train). Split with R engine GPUs: generation takes
-    gen x (phi x W / R + 1 - phi) (phi: the share of generation time that scales with the engines' count; the
-    rest is the long tail's latency, the same on any count), training train x W / (W - R) (linear FSDP), the
-    transfer transfer[W] on the critical path of both sides (rlcore's lockstep exchange). k=0: gen' + train' +
-    transfer; k=1: max(gen', train') + transfer. R is the best of 1..W-1 for each. -> rows."""
-    rows = []
-    for W, x in transfer.items():
-        colocated = gen + train + sync_colocated[W]
-        for phi in phis:
-            def split(R, k):
-                g, t = gen * (phi * W / R + 1 - phi), train * W / (W - R)
-                return (g + t if k == 0 else max(g, t)) + x
-            best = {k: min(range(1, W), key=lambda R: split(R, k)) for k in (0, 1)}
-            rows.append({"W": W, "phi": phi, "colocated": colocated, "transfer": x,
-                         **{f"k{k}": split(R, k) for k, R in best.items()}, **{f"R{k}": R for k, R in best.items()}})
-    return rows
+def workload(args) -> tuple[list[str], float]:
+    """The overrides every contender runs with, and the batch modes' engine occupancy per engine step: in a
+    batch, trajectory i runs TARGETS[i] x tokens engine steps, the batch as many as its longest, so the mean
+    running sequences over the maximum is sum(TARGETS) / (max(TARGETS) x prompts) (prefills aside). Single-turn
+    lengths are random: not known (nan)."""
+    from benchmarks.common import random_model
+    from benchmarks.scaling import no_eos_model
+    if args.recipe:
+        return [f"recipe={args.recipe}", "data.eval_path="], float("nan")
+    here = [f"recipe={Path(__file__).resolve()}", f"rollout.max_new_tokens={args.tokens}"]
+    if args.workload == "single":
+        return here + ["rollout.max_total_tokens=0", f"model.path={random_model(args.size)}",
+                       f"data.path={data_file()}", "rollout.env="], float("nan")
+    latency = (20, 200) if args.workload == "agent" else None
+    return here + [f"rollout.max_total_tokens={max(TARGETS) * (args.tokens + 1)}",
+                   f"model.path={no_eos_model(args.size)}", f"data.path={data_file(latency)}"], \
+        sum(TARGETS) / (max(TARGETS) * len(TARGETS))
 
 
 def main() -> None:
-    from benchmarks.common import param_count, write_section
-    from benchmarks.scaling import no_eos_model
+    from benchmarks.async_runner import command_line, report, run_once
+    from benchmarks.common import write_section
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="longtail", choices=["longtail", "agent"])
+    parser.add_argument("--workload", default="longtail", choices=["longtail", "agent", "single"])
     parser.add_argument("--recipe", default="", help="run the contenders on this recipe as it is instead (eval off)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=9)
-    parser.add_argument("--tokens", type=int, default=16, help="tokens per model turn")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per model turn (single: the most new tokens)")
     parser.add_argument("--size", default="3M")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--only", nargs="+", default=list(CONTENDERS), choices=list(CONTENDERS))
+    parser.add_argument("--only", nargs="+", default=None, choices=list(CONTENDERS))
+    parser.add_argument("--extra", nargs="*", default=[], help="more overrides for every contender")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--json", default="", help="also keep every measured step here")
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
-    parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
     parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
+    parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
+    parser.add_argument("--occupancy", type=float, default=1.0, help="on paper: streaming engines' occupancy")
+    parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
+                        help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
     args = parser.parse_args()
+    args.only = args.only or DEFAULT + (["stream k=1 continuous"] if args.workload == "agent" else [])
     if args.on_paper:
-        return print_on_paper()
+        from benchmarks.async_paper import print_on_paper
+        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)))
+    overrides, occupancy = workload(args)  # builds the models and data outside the timed runs
     if args.report_from:
-        from benchmarks.common import param_count, write_section
-        from benchmarks.scaling import no_eos_model
         results = json.loads(Path(args.report_from).read_text())
-        params = recipe_params(args.recipe) if args.recipe else param_count(no_eos_model(args.size))
-        return report(args, results, params, write_section if args.write else None)
-    args.model = no_eos_model(args.size)  # built outside the timed runs (as the recipe's warm start, below)
-    args.data = data_file((20, 200) if args.workload == "agent" else None)
-    params = param_count(args.model) if not args.recipe else recipe_params(args.recipe)
-    results = {c: [] for c in args.only}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            for c in args.only:
-                out = Path(tmp) / f"{r}-{c.replace(' ', '_')}"
-                out.mkdir()
-                t0 = time.time()
-                run = run_once(args, CONTENDERS[c], out)
-                results[c] += run["rows"]
-                print(f"round {r} {c}: {time.time() - t0:.0f} s, pinned {run['pinned']} ranks, median step wall "
-                      f"{sorted(x['wall_s'] for x in run['rows'])[len(run['rows']) // 2]:.2f} s", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results))
-    report(args, results, params, write_section if args.write else None)
-
-
-def print_on_paper() -> None:
-    """The assumptions are RESULTS.md's ("on paper" section): a 100 s colocated 7B step, 60 % generation."""
-    gb = 15.2  # Qwen2.5-7B in bf16
-    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.6, 0.25])
-    print("| GPUs | phi (generation that scales with engines) | colocated s | split k=0 s (R) | split k=1 s (R) "
-          "| k=0 / colocated samples/s | k=1 / colocated samples/s | k=1 / k=0 samples/s | transfer s (GB/s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['W']} | {r['phi']:.2f} | {r['colocated']:.1f} | {r['k0']:.1f} ({r['R0']}) | {r['k1']:.1f} ({r['R1']}) "
-              f"| x{r['colocated'] / r['k0']:.2f} | x{r['colocated'] / r['k1']:.2f} | x{r['k0'] / r['k1']:.2f} "
-              f"| {r['transfer']:.2f} ({gb / r['transfer']:.1f}) |")
-
-
-def recipe_params(recipe: str) -> int:
-    """Parameters of a recipe's model, from its safetensors headers (the recipe's prepare has built it)."""
-    from safetensors import safe_open
-
-    from rlcore.cli import load_recipe
-    cfg = load_recipe(recipe, ROOT / "recipes")
-    if cfg.prepare:
-        module, _, fn = cfg.prepare.partition(":")
-        getattr(__import__(module, fromlist=[fn]), fn)(cfg)
-    total = 0
-    for f in Path(cfg.model.path).glob("*.safetensors"):
-        with safe_open(f, "pt") as st:
-            total += sum(_prod(st.get_slice(k).get_shape()) for k in st.keys())
-    return total
-
-
-def _prod(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def report(args, results: dict, params: int, write) -> None:
-    meds = {c: summarise(rows, params) for c, rows in results.items()}
-    lines = ["| contender | steps | samples/s | step wall s | rollout s (share) | train s (share) | rollout idle "
-             "| trainer wait | sync s | sync GB/s | resp len mean | staleness | IS weight mean |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for c, m in meds.items():
-        lines.append(f"| {c} | {m['n']} | {m['sps']:.2f} | {m['wall']:.2f} | {m['gen']:.2f} ({m['gen_share']:.0%}) | "
-                     f"{m['train']:.2f} ({m['train_share']:.0%}) | {m['rollout_idle']:.2f} | {m['trainer_wait']:.2f} | "
-                     f"{m['sync']:.3f} | {m['gbps']:.2f} | {m['len_mean']:.0f} | {m['staleness']:.2f} | "
-                     f"{m['is_mean']:.4f} |")
-    ratios = []
-    if "split k=0" in meds:
-        for c in meds:
-            if c != "split k=0":
-                ratios.append(f"- {c} / split k=0 samples/s: x{meds[c]['sps'] / meds['split k=0']['sps']:.2f}")
-    for line in lines + ratios:
-        print(line)
-    if write:
-        command = "flock /tmp/rlcore-heavy.lock python benchmarks/async_rl.py " + " ".join(
-            shlex.quote(a) for a in sys.argv[1:])
-        what = f"recipe={args.recipe}" if args.recipe else f"{args.workload} workload, {args.size}"
-        write(f"async RL: colocated vs split k=0 vs split k=1, {what}, {args.nproc} ranks, medians of "
-              f"{args.rounds} alternating rounds", command, lines + [""] + ratios)
+    else:
+        results = {c: [] for c in args.only}
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                for c in args.only:
+                    out = Path(tmp) / f"{r}-{c.replace(' ', '_')}"
+                    out.mkdir()
+                    t0 = time.time()
+                    run = run_once(overrides + args.extra, CONTENDERS[c], out, args.nproc, args.steps, args.pin)
+                    results[c] += run["rows"]
+                    if args.json:  # after every run: a series cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps(results))
+                    walls = sorted(x["wall_s"] for x in run["rows"])
+                    print(f"round {r} {c}: {time.time() - t0:.0f} s, pinned {run['pinned']} ranks, median step wall "
+                          f"{walls[len(walls) // 2]:.2f} s", flush=True)
+    what = f"recipe={args.recipe}" if args.recipe else f"{args.workload} workload, {args.size}"
+    title = (f"async RL: {', '.join(results)}; {what}, {args.nproc} ranks, medians of {args.rounds} alternating "
+             f"rounds")
+    lines = report(results, occupancy)
+    if args.write:
+        write_section(title, command_line(), lines)
 
 
 if __name__ == "__main__":

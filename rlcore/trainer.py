@@ -123,10 +123,12 @@ def layout(cfg: Config, dims: ParallelDims, models: Models, reward_models: int, 
         + (["reference"] if models.reference == "copy" else [])
     held += [f"reward model {i}" for i in range(reward_models)]
     if dims.split:  # rlcore/split.py
-        r, n = dims.rollout_ranks, dims.trainers
+        r, n, ro = dims.rollout_ranks, dims.trainers, cfg.rollout
+        ahead = (f"streaming: up to {ro.max_running or ro.prompts_per_step * ro.group_size} trajectories in flight, "
+                 f"each token at most {ro.max_staleness} version(s) behind" if ro.stream else
+                 f"batches at most {ro.max_staleness} version(s) behind")
         lines = [f"rlcore: {w} ranks, split: ranks 0-{r - 1} generate ({dims.rollout_groups} vLLM engine(s) x "
-                 f"tp={k}), ranks {r}-{w - 1} train (FSDP over {n}; each holds 1/{n} of: {', '.join(held)}); "
-                 f"batches at most {cfg.rollout.max_staleness} version(s) behind"]
+                 f"tp={k}), ranks {r}-{w - 1} train (FSDP over {n}; each holds 1/{n} of: {', '.join(held)}); {ahead}"]
         for i in list(range(min(w, shown))):
             lines.append(f"  rank {i:<3} generates: engine {i // k} (tp rank {i % k} of {k})" if i < r else
                          f"  rank {i:<3} trains: FSDP shard {i - r} of {n} | engine {i // k} dormant")

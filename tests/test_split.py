@@ -103,6 +103,30 @@ def test_resume_across_layouts_is_refused(tmp_path):
         checkpoint.resolve(split, tmp_path, checkpoint.describe(split, 2, 1))
 
 
+def test_layout_line_says_batches_or_streaming():
+    """The split layout's first line ends with what the engine runs ahead: whole batches, or (streaming) the
+    trajectories in flight, by default one step's batch (the demo: 32 prompts x 8 samples = 256)."""
+    from types import SimpleNamespace
+
+    from rlcore.parallel import ParallelDims
+    from rlcore.trainer import layout
+
+    actor = SimpleNamespace(critic=None, reference=None)
+    head = "rlcore: 3 ranks, split: ranks 0-0 generate (1 vLLM engine(s) x tp=1), ranks 1-2 train (FSDP over 2; " \
+           "each holds 1/2 of: actor (trained)); "
+    for overrides, tail in [(K1, "batches at most 1 version(s) behind"),
+                            ((*K1, "rollout.stream=true"),
+                             "streaming: up to 256 trajectories in flight, each token at most 1 version(s) behind"),
+                            ((*K1, "rollout.stream=true", "rollout.max_running=24", "rollout.max_staleness=2"),
+                             "streaming: up to 24 trajectories in flight, each token at most 2 version(s) behind")]:
+        cfg = split_config("rollout.ranks=1", *overrides)
+        lines = layout(cfg, ParallelDims(3, 1, 1), actor, 0)
+        assert lines[0] == head + tail
+        assert lines[1:] == ["  rank 0   generates: engine 0 (tp rank 0 of 1)",
+                             "  rank 1   trains: FSDP shard 0 of 2 | engine 1 dormant",
+                             "  rank 2   trains: FSDP shard 1 of 2 | engine 2 dormant"]
+
+
 # ---- real runs ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
