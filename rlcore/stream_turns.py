@@ -34,8 +34,7 @@ from rlcore.rollout.collect import close_envs, env_metrics, pad_id, score
 from rlcore.rollout.continuous import POLL_S, cut, finish_turn
 from rlcore.rollout.env import EnvRunner
 from rlcore.rollout.tools import declared_tools, tool_stats
-from rlcore.rollout.turns import (Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome, reset_ids, start,
-                                  to_batch)
+from rlcore.rollout.turns import (Trajectory, TurnStats, apply_reset, apply_step, env_outcome, start, to_batch)
 from rlcore.rollout.turns import turn_seed
 
 if TYPE_CHECKING:
@@ -131,8 +130,7 @@ class Turns:
     def collect(self) -> None:
         for key, o in self.runner.finished(self.envs.timeout_s).items():
             x = self.flying[key]
-            self.arrived[key] = outcome(o, lambda v: encode_step(v, self.envs), f"turn {len(x.turns)}") if x.turns \
-                else outcome(o, lambda v: reset_ids(v, x, self.envs), "creating it or in reset()")
+            self.arrived[key] = env_outcome(o, x, self.envs)
             self.since["calls"] += 1
 
     def answer(self, key: Key, res: dict) -> None:

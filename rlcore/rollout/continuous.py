@@ -50,8 +50,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from rlcore.rollout.env import EnvRunner
-from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, encode_step, outcome,
-                                  reset_ids, start, turn_seed)
+from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, env_outcome, start,
+                                  turn_seed)
 
 STEPS_PER_TICK = 8  # engine steps between two agreements of a TP group while no tool call is running
 STEPS_WHILE_CALLING = 2  # ... while one is: its answer joins the engine sooner, for more agreements
@@ -128,10 +128,7 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
             # 1. agree
             done = runner.finished(envs.timeout_s)
             stats.env_calls += len(done)
-            results = {i: (outcome(o, lambda v, x=trajs[i]: reset_ids(v, x, envs), "creating it or in reset()")
-                           if not trajs[i].turns else
-                           outcome(o, lambda v: encode_step(v, envs), f"turn {len(trajs[i].turns)}"))
-                       for i, o in done.items()}
+            results = {i: env_outcome(o, trajs[i], envs) for i, o in done.items()}
             elapsed = tick - t0
             if trajectory_timeout_s and elapsed > trajectory_timeout_s:
                 results |= {i: {"budget": True} for i in mine if not trajs[i].done and i not in results}

@@ -186,6 +186,13 @@ def reset_ids(value, x: Trajectory, envs: Envs) -> list[int] | dict:
     return {"prompt": ids}
 
 
+def env_outcome(o, x: Trajectory, envs: Envs) -> dict:
+    """The Outcome of a trajectory's latest env call (reset() before its first turn, else step()) -> outcome()."""
+    if x.turns:
+        return outcome(o, lambda v: encode_step(v, envs), f"turn {len(x.turns)}")
+    return outcome(o, lambda v: reset_ids(v, x, envs), "creating it or in reset()")
+
+
 def outcome(o, convert: Callable, where: str) -> dict:
     """An env call's Outcome -> a small picklable dict to share in the group (errors as one-line text)."""
     if o.timed_out:
