@@ -103,33 +103,22 @@ def test_dataset_without_prompt_column(python_train, tmp_path):
 
 
 BAD_REWARDS = '''
-import math
-
 def raises(prompts, completions, **columns):
     for prompt in prompts:
         raise KeyError("boom")
     return []
-
-def short(prompts, completions, **columns):
-    return [0.0] * (len(prompts) - 1)
-
-def nan(prompts, completions, **columns):
-    return [math.nan] + [0.0] * (len(prompts) - 1)
 '''
 
 
-@pytest.mark.parametrize("fn, expected", [
-    ("raises", "reward function 'raises' raised on sample 0 (prompt '"),
-    ("short", "returned"),
-    ("nan", "NaN"),
-])
 @pytest.mark.slow
-def test_bad_reward_function_stops_before_the_update(fn, expected, tmp_path):
+def test_bad_reward_function_stops_before_the_update(tmp_path):
+    """A reward function that raises stops every rank (exit 3) before any step is logged. A wrong-length list,
+    a NaN or a non-number is the same RewardError on the same path; their one-line messages are unit-tested
+    (tests/test_rewards.py::test_bad_reward_functions), so one real run stands for them."""
     (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
-    proc = train_cmd("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:{fn}", f"output_dir={tmp_path}",
+    proc = train_cmd("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:raises", f"output_dir={tmp_path}",
                      "data.eval_path=", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=2")
     assert proc.returncode != 0 and rank_exit_codes(proc) == {3}, proc.stderr[-3000:]
-    line = error_line(proc)
-    assert fn in line and expected in line
+    assert "reward function 'raises' raised on sample 0 (prompt '" in error_line(proc)
     metrics = (tmp_path / "demo" / "metrics.jsonl").read_text()
     assert metrics == "", "no step may be logged (or applied) after a reward failure"
