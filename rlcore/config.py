@@ -287,9 +287,6 @@ def check_stream(cfg: Config, dims) -> None:
     if dims.rollout_ranks != 1:
         raise ValueError(f"rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got "
                          f"{dims.rollout_ranks}); more engines or tensor parallelism are not built yet")
-    if r.agent:
-        raise ValueError("rollout.stream=true runs environments (rollout.env), not agents through the endpoint: set "
-                         "rollout.agent= (agents do not stream yet)")
     if r.step_deadline_s:
         raise ValueError("rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories "
                          "run across steps): set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)")

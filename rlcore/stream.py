@@ -13,7 +13,8 @@ Multi-turn (rollout.env, rlcore/stream_turns.py): a trajectory's turns are reque
 versions; its environment runs on the engine rank, and its answers join the engine at an engine step fixed by
 the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
 engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
-its tool counts as in flight (rollout.max_running) but runs nothing in the engine.
+its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
+rlcore/stream_agents.py): each call is a turn, and the agent's next call (or its end) joins as an answer does.
 
 Versions and staleness (k = rollout.max_staleness). A group of batch b is admitted only while the engine holds
 a version >= b - 1 - k (admission control). Its tokens are then sampled by that version or newer ones, and the
@@ -64,6 +65,7 @@ import torch.distributed as dist
 from rlcore.collectives import RunError, set_scope
 from rlcore.rollout.collect import rollout_seed
 from rlcore.split import PROBE_ROWS, own_state, trainers_state
+from rlcore.stream_agents import AgentTurns
 from rlcore.stream_trainer import train_side
 from rlcore.stream_turns import Turns
 from rlcore.transfer import Link, exchange, error_in, receive_weights
@@ -82,7 +84,8 @@ class Engine:
         self.P, self.G, self.k, self.steps = r.prompts_per_step, r.group_size, r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
-        self.turns = Turns(run)  # the trajectories in flight, and the finished groups (rlcore/stream_turns.py)
+        # the trajectories in flight, and the finished groups (rlcore/stream_turns.py; agents: stream_agents.py)
+        self.turns = (AgentTurns if run.rollout.envs.agent is not None else Turns)(run)
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged

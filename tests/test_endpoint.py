@@ -362,3 +362,100 @@ def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok):
         assert stats.failed == 0 and all(x.env_reward == 1.0 for x in trajs)
         kinds = [c[0] for c in engine.calls]
         assert kinds.index("step") == first  # the 8 first calls, then the first step (the slow one joins later)
+
+
+# ---- agents in streaming (rlcore/stream_agents.py) ---------------------------------------------------------
+
+def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple[list, list]:
+    """Two trajectories per row through AgentTurns on the scripted engine (each request finishes 2 engine steps
+    after it joins; its tokens tagged with the number of that step, as versions), the recipe's agent
+    sleeping 0-`latency` s before each call: (each request's (engine step it joined at, id), trajectories)."""
+    from types import SimpleNamespace
+
+    from rlcore.rollout.turns import Envs
+    from rlcore.stream_agents import AgentTurns
+
+    class Tagged(StepEngine):
+        def step(self):
+            out = super().step()
+            for _, sample in out:
+                sample.versions = [turns.tick + 1] * len(sample.token_ids)
+            return out
+
+    async def slow_agent(client, row):
+        create = client.chat.completions.create
+
+        async def late(**kw):
+            await asyncio.sleep(random.uniform(0, latency))
+            return await create(**kw)
+        client.chat.completions.create = late
+        return await tool_agent(client, row)
+
+    engine, logged = Tagged(tok), SimpleNamespace(lines=[])
+    endpoint = Endpoint(tok, 1.0, 16, 96, 2)
+    envs = Envs(None, "slow_agent", 2, [], 10.0, 8, None, tok.decode, agent=slow_agent, endpoint=endpoint)
+    rollout = SimpleNamespace(max_new_tokens=16, max_total_tokens=32, temperature=1.0, join_steps=2,
+                              schedule=schedule, trajectory_timeout_s=0.0)
+    run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout), rollout=SimpleNamespace(envs=envs), engine=engine,
+                          logger=SimpleNamespace(print=logged.lines.append))
+    turns, added, ended = AgentTurns(run), [], []
+    turns.scored = lambda trajs: ended.extend(trajs) or {}
+    submit = engine.submit
+    engine.submit = lambda rid, *a: added.append((turns.tick, rid)) or submit(rid, *a)
+    try:
+        for g, row in enumerate(rows):
+            turns.admit(g, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g, 2)
+        while turns.flying:  # what rlcore.stream.Engine.serve and step do between its exchanges
+            turns.join()
+            if turns.due and not engine.busy():
+                turns.idle()
+                continue
+            finished = engine.step()
+            turns.tick += 1
+            for rid, sample in finished:
+                turns.finished(rid, sample)
+    finally:
+        turns.close()
+        endpoint.shutdown()
+    assert not logged.lines
+    return added, sorted(ended, key=lambda x: x.seed)
+
+
+def test_streaming_agents_join_at_fixed_engine_steps_with_versions():
+    """lockstep, rollout.join_steps=2, agents 0-20 ms late before each call: every agent's first call joins after
+    engine step 2 (admitted at 0), comes back after step 4, its second call joins after 6 and comes back after 8,
+    whatever the latency (the engine waits for late agents there). Each trajectory is its two calls as one
+    sequence; each sampled token carries the step that sampled it (4, then 8). continuous: same trajectories."""
+    tok = tooladd.build_tokenizer()
+    added, trajs = stream_agents(tok, "lockstep", 0.02, ROWS)
+    assert sorted(added) == [(2, f"s{g}.{j}.0") for g in (0, 1) for j in (0, 1)] + \
+        [(6, f"s{g}.{j}.1") for g in (0, 1) for j in (0, 1)]
+    assert stream_agents(tok, "lockstep", 0.02, ROWS)[0] == added
+    for x in trajs:
+        first, second = x.turns
+        assert x.env_reward == 1.0 and x.error is None and x.starts == [] and sum(x.sampled) == len(x.versions)
+        assert x.versions == [4] * len(first) + [8] * len(second)
+    other = stream_agents(tok, "continuous", 0.02, ROWS)[1]
+    assert [(x.tokens, x.sampled, x.env_reward) for x in other] == [(x.tokens, x.sampled, x.env_reward) for x in trajs]
+
+
+def test_closing_a_session_whose_agent_was_cancelled_does_not_raise(tok):
+    """A timed out or stopped agent is cancelled on the agents' event loop, which cancels the call future it
+    awaits; the rollout then closes its session (or the engine delivers the call): neither may raise."""
+    import concurrent.futures as cf
+
+    from rlcore.rollout.sessions import Request
+
+    endpoint = Endpoint(tok, 1.0, 16, 96, 4)
+    try:
+        s = endpoint.open(0)
+        s.pending = {0: cf.Future(), 1: cf.Future()}
+        s.pending[0].cancel()
+        endpoint.deliver(s, Request(0, 1, [1, 2], 4, []), Sample([5], [-0.5], "stop"))  # call 1 answered
+        s.pending[1] = cf.Future()
+        s.pending[1].cancel()
+        endpoint.deliver(s, Request(0, 1, [1, 2], 4, []), Sample([5], [-0.5], "stop"))  # cancelled: recorded only
+        endpoint.close(s, "the run stopped")
+        assert s.closed and s.pending == {} and len(s.calls) == 2 and s.failed == "the run stopped"
+    finally:
+        endpoint.shutdown()

@@ -34,8 +34,6 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
     (["rollout.ranks=2", "rollout.prompts_per_step=16"],
      "rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got 2); more engines or tensor "
      "parallelism are not built yet"),
-    (["rollout.agent=my_agents.py:agent"], "rollout.stream=true runs environments (rollout.env), not agents through "
-                                           "the endpoint: set rollout.agent= (agents do not stream yet)"),
     (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
      "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),

@@ -121,7 +121,7 @@ class Endpoint:
             s.closed = True
             s.failed = s.failed or why
             for fut in s.pending.values():
-                fut.set_exception(APIError(400, f"the trajectory ended: {why or 'closed'}", code="trajectory_ended"))
+                settle(fut, exception=APIError(400, f"the trajectory ended: {why or 'closed'}", code="trajectory_ended"))
             s.pending.clear()
         self.sessions.pop(s.token, None)
 
@@ -144,7 +144,7 @@ class Endpoint:
                                 sample.finish_reason))
             fut = s.pending.pop(request.call, None)
         if fut is not None:
-            fut.set_result(sample)
+            settle(fut, result=sample)
 
     # ---- one HTTP request -----------------------------------------------------------------------------------
 
@@ -338,6 +338,18 @@ class Endpoint:
     def usage(ids: list[int], sample) -> dict:
         return {"prompt_tokens": len(ids), "completion_tokens": len(sample.token_ids),
                 "total_tokens": len(ids) + len(sample.token_ids)}
+
+
+def settle(fut: cf.Future, result=None, exception: BaseException | None = None) -> None:
+    """Answer a waiting call, unless its agent was cancelled meanwhile (a timeout, or a stopping run: cancelling
+    the agent cancels the future it awaits, on the agents' event loop thread)."""
+    try:
+        if exception is not None:
+            fut.set_exception(exception)
+        else:
+            fut.set_result(result)
+    except cf.InvalidStateError:
+        pass
 
 
 class InProcess(httpx2.AsyncBaseTransport):
