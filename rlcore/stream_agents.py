@@ -42,7 +42,7 @@ class AgentTurns(Turns):
     def __init__(self, run: Run):
         super().__init__(run)
         from openai import DefaultAsyncHttpxClient
-        from rlcore.rollout.endpoint import InProcess
+        from rlcore.rollout.wire import InProcess
 
         self.endpoint, self.agent, self.budget_s = agent_endpoint(run), run.rollout.envs.agent, 0.0
         self.runner = EnvRunner(self.envs.workers)  # the agents' coroutines; env_timeout_s bounds each agent
@@ -79,7 +79,6 @@ class AgentTurns(Turns):
         """A call came back from engine step `tick`: the agent gets it; its next event is due join_steps later
         (once none of its calls is left in the engine)."""
         key, request = self.live.pop(rid), self.requests.pop(rid)
-        self.caps.pop(key, None)
         self.calls[key].append(list(sample.versions))
         self.endpoint.deliver(self.sessions[key], request, sample)
         if key not in self.live.values():
@@ -124,7 +123,7 @@ class AgentTurns(Turns):
 
     def submit_call(self, key: Key, r: Request) -> None:
         x, rid = self.flying[key], f"s{key[0]}.{key[1]}.{r.call}"
-        self.live[rid], self.requests[rid], self.caps[key] = key, r, r.max_tokens
+        self.live[rid], self.requests[rid] = key, r
         self.run.engine.submit(rid, r.prompt_ids, r.max_tokens, self.temperature,
                                turn_seed(x.seed, r.call) if self.temperature > 0 else None, r.stop_ids)
 

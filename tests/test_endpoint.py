@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rlcore.rollout import agents, chat
-from rlcore.rollout.endpoint import MODEL, Endpoint, InProcess
+from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.wire import InProcess
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.engine import Sample
 from rlcore.rollout.turns import Trajectory, to_batch
@@ -374,6 +375,7 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
 
     from rlcore.rollout.turns import Envs
     from rlcore.stream_agents import AgentTurns
+    from test_stream import run_to_end
 
     class Tagged(StepEngine):
         def step(self):
@@ -405,15 +407,7 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
     try:
         for g, row in enumerate(rows):
             turns.admit(g, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g, 2)
-        while turns.flying:  # what rlcore.stream.Engine.serve and step do between its exchanges
-            turns.join()
-            if turns.due and not engine.busy():
-                turns.idle()
-                continue
-            finished = engine.step()
-            turns.tick += 1
-            for rid, sample in finished:
-                turns.finished(rid, sample)
+        run_to_end(turns, engine)
     finally:
         turns.close()
         endpoint.shutdown()

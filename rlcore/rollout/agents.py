@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
-from rlcore.rollout.endpoint import Endpoint, InProcess
+from rlcore.rollout.endpoint import Endpoint
+from rlcore.rollout.wire import InProcess
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 

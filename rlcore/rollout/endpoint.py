@@ -8,7 +8,7 @@ trains with rlcore (rollout.agent; the loop that feeds the engine is rlcore.roll
 A stdlib HTTP server on 127.0.0.1 (a random port), one per rank. Each trajectory gets its own random bearer
 token: it is both the password (other users of a shared node cannot reach the engine) and the session (which
 trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
-The clients rlcore hands its agents skip the sockets (InProcess: the same request, headers and answer, handled
+The clients rlcore hands its agents skip the sockets (rlcore.rollout.wire.InProcess: the same request, headers and answer, handled
 on the agent's event loop by `ahandle`); over HTTP a server thread blocks in `handle`. Both run `start` (check,
 render, queue the engine call), wait for the engine, then `finish` (the sample -> the answer).
 
@@ -37,10 +37,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
-
-import httpx2  # the openai client's HTTP library
 
 from rlcore.rollout import chat
 from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
@@ -102,9 +99,8 @@ class Endpoint:
         self.renders: dict[tuple, tuple[int, ...]] = {}  # (kind, messages as JSON) -> token ids
         self.answered = 0  # HTTP requests answered (refusals included)
         self.reported = False  # whether the run has printed an agent's failure
-        self.httpd = _Server(("127.0.0.1", 0), _Handler)
-        self.httpd.endpoint = self
-        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="rlcore-endpoint", daemon=True).start()
+        from rlcore.rollout.wire import serve
+        self.httpd = serve(self)
 
     @property
     def base_url(self) -> str:
@@ -152,7 +148,10 @@ class Endpoint:
         """One request, answered on the calling thread (an HTTP thread): it blocks while the engine samples."""
         out = self.start(method, path, auth, body)
         if isinstance(out, Pending):
-            out = self.finish(out, lambda: out.future.result(timeout=WAIT_S))
+            try:
+                out = self.finish(out, lambda: out.future.result(timeout=WAIT_S))
+            except cf.TimeoutError:
+                out = 504, APIError(504, "the engine did not answer in time").body()
         return out
 
     async def ahandle(self, method: str, path: str, auth: str, body: bytes) -> tuple[int, dict]:
@@ -350,57 +349,3 @@ def settle(fut: cf.Future, result=None, exception: BaseException | None = None) 
             fut.set_result(result)
     except cf.InvalidStateError:
         pass
-
-
-class InProcess(httpx2.AsyncBaseTransport):
-    """The transport of the clients rlcore hands its agents: each request goes to Endpoint.ahandle on the agent's
-    own event loop, with the same headers (the bearer token is checked as on the wire), body and answer as over
-    HTTP, but no socket, no server thread and no HTTP parsing between them. An agent that builds a client of its
-    own from base_url and api_key, or runs elsewhere, talks to the HTTP server instead."""
-
-    def __init__(self, endpoint: Endpoint):
-        self.endpoint = endpoint
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        status, payload = await self.endpoint.ahandle(request.method, request.url.path,
-                                                      request.headers.get("Authorization", ""), await request.aread())
-        headers = {"Content-Type": "application/json"} | ({"x-should-retry": "false"} if status >= 400 else {})
-        return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode(), request=request)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # Every agent of a rollout connects in the same instant; the stdlib's backlog of 5 refuses the rest.
-    request_queue_size = 1024
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"  # keep-alive: a client reuses its connection across calls
-    # The headers and the body go out in two writes: with Nagle's algorithm the body waits for the client's
-    # delayed ACK of the headers, 40 ms a call.
-    disable_nagle_algorithm = True
-
-    def log_message(self, format, *args) -> None:  # noqa: A002 (the stdlib's name); requests are not logged
-        pass
-
-    def _answer(self, method: str) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        try:
-            status, payload = self.server.endpoint.handle(method, self.path, self.headers.get("Authorization", ""),
-                                                          body)
-        except cf.TimeoutError:
-            status, payload = 504, APIError(504, "the engine did not answer in time").body()
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status >= 400:
-            self.send_header("x-should-retry", "false")  # a refusal or a spent budget: a retry gets the same answer
-        self.end_headers()
-        self.wfile.write(data)
-
-    def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-        self._answer("POST")
-
-    def do_GET(self) -> None:  # noqa: N802
-        self._answer("GET")
