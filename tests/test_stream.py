@@ -112,7 +112,14 @@ def drive(schedule: str, latency: float) -> tuple[list, list]:
     engine.submit = lambda rid, *a: added.append((turns.tick, rid)) or submit(rid, *a)
     for g, row in enumerate(rows):
         turns.admit(g, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g, 2)
-    while turns.flying:  # what rlcore.stream.Engine.serve and step do between its exchanges
+    run_to_end(turns, engine)
+    turns.close()
+    return added, sorted(ended, key=lambda x: (x.seed, x.row["name"]))
+
+
+def run_to_end(turns, engine) -> None:
+    """What rlcore.stream.Engine.serve and step do between its exchanges, until no trajectory is in flight."""
+    while turns.flying:
         turns.join()
         if turns.due and not engine.busy():
             turns.idle()
@@ -121,8 +128,6 @@ def drive(schedule: str, latency: float) -> tuple[list, list]:
         turns.tick += 1
         for rid, sample in finished:
             turns.finished(rid, sample)
-    turns.close()
-    return added, sorted(ended, key=lambda x: (x.seed, x.row["name"]))
 
 
 def test_lockstep_answers_join_at_fixed_engine_steps():
