@@ -9,6 +9,8 @@ so the stages run unchanged on either side.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -17,6 +19,7 @@ from rlcore.parallel import device_type
 
 
 _scope = None  # the process group these collectives run over; None = the whole world
+ALONE = object()  # a scope of this rank alone: each collective returns this rank's own value (`alone`)
 
 
 class RunError(RuntimeError):
@@ -33,11 +36,26 @@ def set_scope(group) -> None:
     _scope = group
 
 
+@contextlib.contextmanager
+def alone():
+    """This rank's collectives over itself alone while in the block: the streaming engine's first rank scores a
+    group the moment it ends, a moment no other rank shares (rlcore/stream_turns.py); its errors stop the run at
+    the engine's next agreement instead."""
+    global _scope
+    outer, _scope = _scope, ALONE
+    try:
+        yield
+    finally:
+        _scope = outer
+
+
 @watchdog.stage("agree", waits=True)
 def first_error(error: str | None, group=None) -> str | None:
     """Collective over `group` (None: the whole world): every rank's error or None; returns the first error
     (by rank), the same on every rank, so every rank can raise it together and none waits forever. The one
     way ranks agree on an error: the stages (`agree`), preflight (bad input) and checkpoints (save errors)."""
+    if group is ALONE:
+        return error
     errors = [None] * dist.get_world_size(group)
     dist.all_gather_object(errors, error, group=group)
     return next((e for e in errors if e), None)
@@ -52,6 +70,8 @@ def agree(error: str | None) -> None:
 
 @watchdog.stage("all_sum", waits=True)
 def all_sum(*values: float) -> list[float]:
+    if _scope is ALONE:
+        return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=device_type())
     dist.all_reduce(t, group=_scope)
     return t.tolist()
@@ -59,6 +79,8 @@ def all_sum(*values: float) -> list[float]:
 
 @watchdog.stage("all_max", waits=True)
 def all_max(value: float) -> float:
+    if _scope is ALONE:
+        return float(value)
     t = torch.tensor([value], dtype=torch.float64, device=device_type())
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_scope)
     return t.item()
@@ -72,5 +94,6 @@ def all_min(value: float) -> float:
 def reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over every rank (the `reduce` algorithms use for global statistics)."""
     out = t.to(device_type(), torch.float64)
-    dist.all_reduce(out, group=_scope)
+    if _scope is not ALONE:
+        dist.all_reduce(out, group=_scope)
     return out.cpu()

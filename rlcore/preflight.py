@@ -149,6 +149,7 @@ def check_running(cfg: Config, hf_config, max_model_len: int, kv_bytes: int | No
         return
     dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
     heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    heads = max(1, heads // r.tensor_parallel)  # each rank of a TP engine caches its heads (replicated below one)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     per_token = 2 * hf_config.num_hidden_layers * heads * head_dim * getattr(torch, dtype).itemsize
     per_sequence = -(-max_model_len // 16) * 16 * per_token  # vLLM allocates 16-token blocks

@@ -179,8 +179,10 @@ def own_state(run: Run) -> dict:
 
 # ---- the trainer side -------------------------------------------------------------------------------------
 
-def my_slice(run: Run, messages: list[dict]) -> Batch:
-    shares = [m["batch"] for m in messages[:run.dims.generators]]
+def my_slice(run: Run, messages: list[dict], shares: list[Batch] | None = None) -> Batch:
+    """This trainer rank's rows of the batch the rollout ranks' shares make, in rank order (streaming: the one
+    share the engine's first rank handed over)."""
+    shares = shares or [m["batch"] for m in messages[:run.dims.generators]]
     whole = Batch.cat(shares, pad_id(run.tokenizer))
     n = len(whole) // run.dims.trainers
     j = dist.get_rank() - run.dims.rollout_ranks

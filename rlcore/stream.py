@@ -4,7 +4,8 @@
         rollout.max_staleness=1 algorithm.tis_cap=2
 
 The batch-level split (rlcore/split.py) samples each batch whole with one version and waits for its longest
-sample. Here the engine (rank 0) keeps up to rollout.max_running trajectories in flight and admits the next prompt
+sample. Here the engine (ranks [0, T), T = rollout.tensor_parallel = rollout.ranks: one vLLM engine) keeps up to
+rollout.max_running trajectories in flight and admits the next prompt
 group (group_size trajectories, seeds as split's) as soon as there is room, across step boundaries; the trainers
 take batch b = prompt groups [(b-1)P, bP) of the prompt stream (P = rollout.prompts_per_step), whole, in prompt
 order, so every batch is the same rows in the same order as colocated and split.
@@ -30,6 +31,14 @@ engine has no request running, or where batch v + 1 is complete, or where admiss
 (there is room, and the next group needs a newer one). If the trainers are late, the engine waits there, its
 requests frozen. Save and eval steps drain first: no admission after batch v is handed, until no trajectory is
 in flight (environment calls included).
+
+Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
+steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
+its own, rlcore.collectives.alone) and hands batches over; the other ranks hold the same trajectories without
+environments. At every step boundary one all_gather over the engine's ranks (Engine.sync) carries what the
+decisions read: the answers or agent events that join there, the trajectories over budget, signals, the first
+error and (free loads) whether the lead heard of the next version. Every rank then admits, joins, aborts, loads and
+exchanges alike, and each token's version is the same on every rank.
 
 Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
 trainers said it waits (a one-number message over its own gloo pair, rank R -> rank 0, before the weights), or
@@ -76,11 +85,12 @@ if TYPE_CHECKING:
 
 
 class Engine:
-    """Rank 0: the streaming engine loop and everything it carries between steps (what a checkpoint saves)."""
+    """Ranks [0, T): the streaming engine loop and everything it carries between steps (what a checkpoint saves)."""
 
     def __init__(self, run: Run, link: Link, loop: Loop):
         cfg, r = run.cfg, run.cfg.rollout
         self.run, self.link, self.loop, self.stop = run, link, loop, loop.stop
+        self.lead = run.rollout.tp_rank == 0  # tensor parallelism: environments, scores, batches on the first rank
         self.P, self.G, self.k, self.steps = r.prompts_per_step, r.group_size, r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
@@ -91,6 +101,8 @@ class Engine:
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
         self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
+        # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
+        self.stopped, self.error, self.arrived = False, None, False
 
     # ---- the state of the schedule (the same numbers in every run of a config) ----
 
@@ -120,12 +132,12 @@ class Engine:
     def load_due(self) -> bool:
         """Now, if nothing runs in the engine (a drain also waits for every trajectory to end), or batch
         handed + 1 is complete, or admission waits for this version."""
-        if self.stop.received or self.turns.error or not self.turns.flying:
+        if self.stopped or self.error or not self.turns.flying:
             return True
         if self.draining():
             return False
-        if self.waiting is not None:  # free loads: the moment the version is there, and only then
-            return self.waiting.is_set()
+        if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
+            return self.arrived
         return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
 
     # ---- the loop ----
@@ -133,9 +145,9 @@ class Engine:
     def serve(self) -> dict:
         engine = self.run.engine
         while engine.version < self.steps:
-            self.turns.join()  # the environments' answers due at this step boundary
+            self.sync()  # the environments' answers due at this step boundary, signals, errors
             if engine.version == self.handed:  # next exchange: hand over batch handed + 1
-                if self.complete(self.handed + 1) or self.stop.received or self.turns.error:
+                if self.complete(self.handed + 1) or self.stopped or self.error:
                     self.hand_over(self.handed + 1)
                     continue
             elif self.load_due():  # next exchange: load version handed
@@ -145,6 +157,24 @@ class Engine:
             self.step()
         self.turns.close()
         return self.loop.summary
+
+    def sync(self) -> None:
+        """What this step boundary's decisions read, the same on every rank of the engine: the environments'
+        answers that join here (they run on the lead, rank 0), the trajectories over budget (the lead's clock),
+        whether a signal arrived, the first error and (free loads) whether the lead heard the next version waits. With tensor parallelism one all_gather over the engine's
+        ranks carries them, so every rank then makes the same engine calls (vLLM's TP needs that)."""
+        answers, late = self.turns.ready()
+        stopped, error = self.stop.received, self.turns.error
+        arrived = self.waiting is not None and self.waiting.is_set()
+        if self.run.dims.tp > 1:
+            parts = [None] * self.run.dims.tp
+            dist.all_gather_object(parts, (answers, late, stopped, error, arrived), group=self.run.rollout.tp_group)
+            answers = {key: a for part in parts for key, a in part[0].items()}
+            late, stopped, arrived = parts[0][1], any(p[2] for p in parts), parts[0][4]
+            error = next((p[3] for p in parts if p[3]), None)
+        self.stopped, self.error, self.arrived = stopped, error, arrived
+        self.turns.error = self.turns.error or error
+        self.turns.join(answers, late)
 
     def admit(self) -> None:
         if self.draining():
@@ -185,22 +215,28 @@ class Engine:
 
     def hand_over(self, b: int) -> None:
         """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
-        share, error = None, self.turns.error
+        share, error, groups = None, self.error, list(range(self.P * (b - 1), self.P * b))
         if self.complete(b) and error is None:
-            share, self.pending[b] = self.turns.batch(list(range(self.P * (b - 1), self.P * b)), self.G)
-            for g in range(self.P * (b - 1), self.P * b):
+            if self.lead:
+                share, self.pending[b] = self.turns.batch(groups, self.G)
+            else:  # the lead hands the batch over; this rank only lets go of it
+                self.pending[b] = {}
+                for g in groups:
+                    del self.turns.done[g]
+            for g in groups:
                 del self.rows[g]
-            if b == 1:
+            if b == 1 and self.lead:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
         messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
                                         "probe": self.probe, "loop": self.loop.state})
         if error_in(messages):
             raise RunError(error_in(messages))
+        self.probe = messages[0]["probe"]
         self.loop.state = trainers_state(self.run, messages)
-        if share is not None:
+        if messages[0]["batch"] is not None:
             self.handed = b
-            if self.link.ready is not None:
+            if self.run.cfg.rollout.free_loads and self.lead:
                 self.waiting = listen(self.link)
         if any(m["stop"] for m in messages):
             self.stopping(b - 1)
@@ -224,8 +260,8 @@ class Engine:
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
-        error = self.turns.error
-        if self.stop.received:  # the run ends after this step: the eval below must find the engine empty
+        error = self.error
+        if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
         if gap > run.cfg.rollout.logprob_diff_threshold:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
@@ -293,7 +329,7 @@ def listen(link: Link) -> threading.Event:
 
 
 def generate_side(run: Run, link: Link, loop: Loop) -> dict:
-    """Rank 0: the streaming engine (after the resume, or the start-of-run eval), then the loop."""
+    """Ranks [0, T): the streaming engine (after the resume, or the start-of-run eval), then the loop."""
     engine = Engine(run, link, loop)
     loop.begin({})
     if run.resume_from is not None:

@@ -37,16 +37,21 @@ if TYPE_CHECKING:
 
 
 class AgentTurns(Turns):
-    """Rank 0: the agents' trajectories in flight on the streaming engine (the calls of Turns, other events)."""
+    """The agents' trajectories in flight on the streaming engine (the calls of Turns, other events). With tensor
+    parallelism the agents and the endpoint live on the engine's first rank (the lead); every rank submits the calls
+    and applies the ends it hands round at the boundary where they join (rlcore/stream.py, Engine.sync)."""
 
     def __init__(self, run: Run):
         super().__init__(run)
-        from openai import DefaultAsyncHttpxClient
-        from rlcore.rollout.wire import InProcess
+        self.agent, self.budget_s, self.lead = run.rollout.envs.agent, 0.0, self.tp_rank == 0
+        self.endpoint = self.http = None
+        if self.lead:
+            from openai import DefaultAsyncHttpxClient
+            from rlcore.rollout.wire import InProcess
 
-        self.endpoint, self.agent, self.budget_s = agent_endpoint(run), run.rollout.envs.agent, 0.0
-        self.runner = EnvRunner(self.envs.workers)  # the agents' coroutines; env_timeout_s bounds each agent
-        self.http = DefaultAsyncHttpxClient(transport=InProcess(self.endpoint))  # one for the rank's agents
+            self.endpoint = agent_endpoint(run)
+            self.runner = EnvRunner(self.envs.workers)  # the agents' coroutines; env_timeout_s bounds each agent
+            self.http = DefaultAsyncHttpxClient(transport=InProcess(self.endpoint))  # one for the rank's agents
         self.sessions: dict[Key, Session] = {}
         self.keys: dict[int, Key] = {}  # session index -> its trajectory
         self.requests: dict[str, Request] = {}  # request id -> the agent's call, while it is in the engine
@@ -56,17 +61,19 @@ class AgentTurns(Turns):
         self.warned = False
 
     def admit(self, g: int, row: dict, seed: int, size: int) -> None:
-        self.endpoint.temperature = self.temperature  # an eval in between pinned it to greedy
+        if self.lead:
+            self.endpoint.temperature = self.temperature  # an eval in between pinned it to greedy
         self.groups[g] = []
         for j in range(size):
             key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
             self.groups[g].append(x)
             self.flying[key], self.started[key], self.calls[key] = x, time.perf_counter(), []
-            self.sessions[key] = s = self.endpoint.open(self.index)
-            self.keys[self.index], self.index = key, self.index + 1
-            self.runner.submit(key, self.run_agent, x, s)
-            self.runner.calls[key][0].add_done_callback(lambda _: self.endpoint.wake.set())
             self.due[key] = self.tick + self.join_steps
+            if self.lead:
+                self.sessions[key] = s = self.endpoint.open(self.index)
+                self.keys[self.index], self.index = key, self.index + 1
+                self.runner.submit(key, self.run_agent, x, s)
+                self.runner.calls[key][0].add_done_callback(lambda _: self.endpoint.wake.set())
 
     async def run_agent(self, x: Trajectory, s: Session):
         from openai import AsyncOpenAI
@@ -80,27 +87,34 @@ class AgentTurns(Turns):
         (once none of its calls is left in the engine)."""
         key, request = self.live.pop(rid), self.requests.pop(rid)
         self.calls[key].append(list(sample.versions))
-        self.endpoint.deliver(self.sessions[key], request, sample)
+        if self.lead:
+            self.endpoint.deliver(self.sessions[key], request, sample)
         if key not in self.live.values():
             self.due[key] = self.tick + self.join_steps
 
-    def join(self) -> None:
+    def ready(self) -> tuple[dict[Key, list[tuple]], list[Key]]:
         """The agents' events due at this boundary (lockstep: waiting for each one's next; continuous: those that
-        arrived), applied in (group, sample) order."""
+        arrived): calls (plain Requests) and ends, per trajectory (the lead's; none elsewhere)."""
+        if not self.lead:
+            return {}, []
         self.collect()
         if self.at_once:
-            ready = sorted(k for k in self.events if k in self.flying)
+            keys = sorted(k for k in self.events if k in self.flying)
         else:
-            ready = sorted(k for k, d in self.due.items() if d <= self.tick)
+            keys = sorted(k for k, d in self.due.items() if d <= self.tick)
             t = time.perf_counter()
-            while any(not self.events.get(k) for k in ready):
+            while any(not self.events.get(k) for k in keys):
                 self.endpoint.wake.wait(POLL_S)
                 self.endpoint.wake.clear()
                 self.collect()
             self.since["wait_s"] += time.perf_counter() - t
-        for key in ready:
+        return {k: self.events.pop(k) for k in keys}, []
+
+    def join(self, answers: dict[Key, list[tuple]], late: list[Key]) -> None:
+        """Every rank: the events `ready` gave, in (group, sample) order."""
+        for key in sorted(answers):
             self.due.pop(key, None)
-            for event in self.events.pop(key):
+            for event in answers[key]:
                 if event[0] == "end":
                     self.end(key, event[1])
                     break
@@ -114,10 +128,11 @@ class AgentTurns(Turns):
 
     def idle(self) -> None:
         if self.at_once:
-            t = time.perf_counter()
-            self.endpoint.wake.wait(POLL_S)
-            self.endpoint.wake.clear()
-            self.since["wait_s"] += time.perf_counter() - t
+            if self.lead:  # elsewhere the next agreement waits for the lead
+                t = time.perf_counter()
+                self.endpoint.wake.wait(POLL_S)
+                self.endpoint.wake.clear()
+                self.since["wait_s"] += time.perf_counter() - t
         elif self.due:
             self.tick = max(self.tick, min(self.due.values()))
 
@@ -130,13 +145,18 @@ class AgentTurns(Turns):
     def end(self, key: Key, outcome: dict) -> None:
         """The agent returned (or failed): its calls still in the engine are aborted, its session closed, and its
         row filled from what the endpoint recorded."""
-        x, s = self.flying[key], self.sessions.pop(key)
+        x = self.flying[key]
         x.done, x.env_reward, x.error, x.timed_out = True, outcome.get("reward", 0.0), outcome.get("error"), \
             outcome.get("timeout", False)
         aborts = sorted(rid for rid, k in self.live.items() if k == key)
         for rid in aborts:
             del self.live[rid], self.requests[rid]
         self.run.engine.abort(aborts)
+        if not self.lead:  # the lead alone scores and hands the batch over
+            del self.calls[key]
+            self.ended(key)
+            return
+        s = self.sessions.pop(key)
         self.endpoint.close(s, x.error or ("timed out" if x.timed_out else None))
         fill(x, s)
         x.versions = [v for call in self.calls.pop(key) for v in call] if any(x.sampled) else []
@@ -149,7 +169,7 @@ class AgentTurns(Turns):
 
     def drop(self) -> list[int]:
         """A signal: every agent in flight is abandoned and its session closed (groups admitted again on resume)."""
-        for key in self.flying:
+        for key in self.flying if self.lead else ():
             self.runner.drop(key)
         for s in self.sessions.values():
             self.endpoint.close(s, "the run stopped")
@@ -157,7 +177,8 @@ class AgentTurns(Turns):
         return super().drop()
 
     def close(self) -> None:
-        self.runner.close()
+        if self.runner is not None:
+            self.runner.close()
 
     def batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
         trajs = [x for g in groups for x in self.done[g]["trajs"]]

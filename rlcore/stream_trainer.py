@@ -41,7 +41,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         nonlocal probe
         messages = agree({"batch": None, "probe": None})
         probe = messages[0]["probe"]
-        batch = my_slice(run, messages) if messages[0]["batch"] is not None else None
+        batch = my_slice(run, messages, [messages[0]["batch"]]) if messages[0]["batch"] is not None else None
         if any(m["stop"] for m in messages):
             raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
         return batch

@@ -1,8 +1,8 @@
 """Streaming's trajectories (the contract is rlcore/stream.py's docstring): every sample of an admitted prompt group is
 a rlcore.rollout.turns.Trajectory that runs turn by turn on the one engine, across versions, with the tokens,
 masks, seeds and ending rules of turns.py (each turn its own n=1 request seeded turn_seed(seed + j, turn), as in
-rlcore/rollout/continuous.py, whose finish_turn ends a turn here too). Environments run on the engine rank, on
-an EnvRunner (rollout.env_workers threads, rollout.env_timeout_s, rollout.turn_deadline_s, max_tool_calls).
+rlcore/rollout/continuous.py, whose finish_turn ends a turn here too). Environments run on the engine's first rank,
+on an EnvRunner (rollout.env_workers threads, rollout.env_timeout_s, rollout.turn_deadline_s, max_tool_calls).
 
 When an environment's answer (reset or step) joins the engine, by rollout.schedule:
   lockstep (default): at a step fixed by the data and the config. A call started after engine step s (its
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore.batch import Batch
+from rlcore.collectives import RunError, alone
 from rlcore.rollout.collect import close_envs, env_metrics, pad_id, score
 from rlcore.rollout.continuous import POLL_S, cut, finish_turn
 from rlcore.rollout.env import EnvRunner
@@ -44,7 +45,8 @@ Key = tuple[int, int]  # (group, sample)
 
 
 class Turns:
-    """Rank 0: the trajectories in flight on the streaming engine and the finished groups not yet handed over."""
+    """The trajectories in flight on the streaming engine and the finished groups not yet handed over (every rank of
+    the engine holds them; with tensor parallelism only the first runs environments and scores)."""
 
     def __init__(self, run: Run):
         r, self.envs, self.run = run.cfg.rollout, run.rollout.envs, run
@@ -52,8 +54,11 @@ class Turns:
             r.temperature
         self.join_steps, self.at_once, self.budget_s = r.join_steps, r.schedule == "continuous", \
             r.trajectory_timeout_s
+        # tensor parallelism: the environments run, and groups are scored, on the engine's first rank (the lead);
+        # every rank applies the same answers at the same boundary (rlcore/stream.py, Engine.sync)
+        self.multi, self.tp_rank = self.envs.factory is not None, run.rollout.tp_rank
         self.runner = EnvRunner(self.envs.workers, min(self.envs.timeout_s, self.envs.turn_s),
-                                self.envs.max_tool_calls) if self.envs.factory is not None else None
+                                self.envs.max_tool_calls) if self.multi and self.tp_rank == 0 else None
         self.flying: dict[Key, Trajectory] = {}  # admitted, not ended
         self.groups: dict[int, list[Trajectory]] = {}  # group -> its trajectories, until it is scored
         self.done: dict[int, dict] = {}  # group -> scored (trajectories without environments, rewards, tools)
@@ -75,11 +80,12 @@ class Turns:
             key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
             self.groups[g].append(x)
             self.flying[key], self.started[key] = x, time.perf_counter()
-            if self.runner is None:
+            if not self.multi:
                 self.submit_turn(key, x)
-            else:
+                continue
+            if self.runner is not None:
                 self.runner.submit(key, start, x, self.envs.factory)
-                self.due[key] = self.tick + self.join_steps
+            self.due[key] = self.tick + self.join_steps
 
     def submit_turn(self, key: Key, x: Trajectory) -> None:
         turn, self.caps[key] = len(x.turns), min(self.max_new, self.max_total - len(x.tokens))
@@ -92,37 +98,46 @@ class Turns:
         """A model turn came back from engine step `tick`: append it (with its versions); end it or step its env."""
         key = self.live.pop(rid)
         x = self.flying[key]
-        finish_turn(key, x, sample, self.caps.pop(key), self.envs, self.max_new, self.stats, self.runner, 0)
+        finish_turn(key, x, sample, self.caps.pop(key), self.envs, self.max_new, self.stats, self.runner, self.tp_rank)
         x.versions += sample.versions
         if x.done:
             self.ended(key)
         else:
             self.due[key] = self.tick + self.join_steps
 
-    def join(self) -> None:
-        """The answers due at this boundary (lockstep: waiting for late ones; continuous: those that arrived)."""
+    def ready(self) -> tuple[dict[Key, dict], list[Key]]:
+        """This rank's answers to join at this boundary (lockstep: those due, waiting for late ones; continuous:
+        those that arrived), and the trajectories over rollout.trajectory_timeout_s (by this rank's clock)."""
         if self.runner is None:
-            return
+            return {}, []
         self.collect()
         if self.at_once:
-            ready = sorted(self.arrived)
+            keys = sorted(self.arrived)
         else:
-            ready = sorted(k for k, d in self.due.items() if d <= self.tick)
+            keys = sorted(k for k, d in self.due.items() if d <= self.tick)
             t = time.perf_counter()
-            while any(k not in self.arrived for k in ready):
+            while any(k not in self.arrived for k in keys):
                 self.runner.wait(POLL_S)
                 self.collect()
             self.since["wait_s"] += time.perf_counter() - t
-        for key in ready:
-            self.answer(key, self.arrived.pop(key))
-        if self.budget_s:
-            self.over_budget()
+        now = time.perf_counter()
+        late = [k for k in self.flying if now - self.started[k] > self.budget_s] if self.budget_s else []
+        return {k: self.arrived.pop(k) for k in keys}, late
+
+    def join(self, answers: dict[Key, dict], late: list[Key]) -> None:
+        """Apply what `ready` gave (on every rank of the engine, the lead's): answers in (group, sample) order,
+        then the cuts."""
+        for key in sorted(answers):
+            self.answer(key, answers[key])
+        if late:
+            self.over_budget(late)
 
     def idle(self) -> None:
         """Nothing to decode, answers pending: go to the next join (lockstep), or wait for one (continuous)."""
         if self.at_once:
             t = time.perf_counter()
-            self.runner.wait(POLL_S)
+            if self.runner is not None:
+                self.runner.wait(POLL_S)
             self.since["wait_s"] += time.perf_counter() - t
         elif self.due:
             self.tick = max(self.tick, min(self.due.values()))
@@ -148,13 +163,13 @@ class Turns:
         else:
             self.submit_turn(key, x)
 
-    def over_budget(self) -> None:
+    def over_budget(self, late: list[Key]) -> None:
         """rollout.trajectory_timeout_s: a trajectory running longer ends truncated on its last model turn."""
-        now, aborts = time.perf_counter(), []
-        for key in [k for k in self.flying if now - self.started[k] > self.budget_s]:
+        aborts = []
+        for key in [k for k in late if k in self.flying]:
             aborts += [rid for rid, k in self.live.items() if k == key]
             x = self.flying[key]
-            x.abandoned = self.runner.drop(key) or x.abandoned
+            x.abandoned = (self.runner is not None and self.runner.drop(key)) or x.abandoned
             self.due.pop(key, None)
             self.arrived.pop(key, None)
             cut(x)
@@ -167,12 +182,13 @@ class Turns:
         del self.flying[key], self.started[key]
         g = key[0]
         if all(x.done for x in self.groups[g]):
-            self.done[g] = self.scored(self.groups.pop(g))
+            trajs = self.groups.pop(g)
+            self.done[g] = self.scored(trajs) if self.tp_rank == 0 else {}  # the lead hands batches over
 
     def drop(self) -> list[int]:
         """A signal: every trajectory in flight is dropped, with its whole group (admitted again from scratch)."""
         self.run.engine.abort(sorted(self.live))
-        for key in self.due:
+        for key in self.due if self.runner is not None else ():
             self.runner.drop(key)
         groups = sorted(self.groups)
         self.flying, self.groups, self.live, self.caps, self.due, self.arrived, self.started = {}, {}, {}, {}, {}, {}, {}
@@ -185,14 +201,19 @@ class Turns:
     # ---- a finished group, and a batch of them ----
 
     def scored(self, trajs: list[Trajectory]) -> dict:
-        """Rewards (the environments' included), the tool counts, then the environments are closed and let go."""
+        """Rewards (the environments' included), the tool counts, then the environments are closed and let go.
+        A reward function's or close()'s error stops the run at the next exchange (`error`)."""
         t = time.perf_counter()
-        rewards, parts = score(self.run, trajs)
-        tools = {}
-        if declared_tools(self.envs.factory) is not None:
-            tools = tool_stats([x.env for x in trajs]).metrics("tool/")
-        if self.envs.factory is not None:
-            close_envs(self.run, trajs)
+        rewards, parts, tools = torch.zeros(len(trajs)), {}, {}
+        try:
+            with alone():  # at this rank's own moment: its collectives are its own
+                rewards, parts = score(self.run, trajs)
+                if declared_tools(self.envs.factory) is not None:
+                    tools = tool_stats([x.env for x in trajs]).metrics("tool/")
+                if self.multi:
+                    close_envs(self.run, trajs)
+        except RunError as e:
+            self.error = self.error or str(e)
         for x in trajs:
             x.env = None
         return {"trajs": trajs, "rewards": rewards, "parts": parts, "tools": tools,
@@ -200,6 +221,10 @@ class Turns:
 
     def batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
         """These finished groups, in this order, as the trainers' Batch: rewards, and each token's version."""
+        with alone():
+            return self._batch(groups, size)
+
+    def _batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
         run, parts = self.run, [self.done.pop(g) for g in groups]
         trajs = [x for p in parts for x in p["trajs"]]
         batch = to_batch(trajs, pad_id(run.tokenizer), size, run.rollout.model_budget)
@@ -218,7 +243,7 @@ class Turns:
         names = parts[0]["parts"]
         if len(names) > 1:
             metrics |= {f"reward/{n}": torch.cat([p["parts"][n] for p in parts]).mean().item() for n in names}
-        if self.envs.factory is not None:
+        if self.multi:
             metrics |= self.env_metrics(trajs, parts)
         return batch, metrics
 

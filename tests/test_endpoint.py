@@ -370,7 +370,9 @@ def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok):
 def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple[list, list]:
     """Two trajectories per row through AgentTurns on the scripted engine (each request finishes 2 engine steps
     after it joins; its tokens tagged with the number of that step, as versions), the recipe's agent
-    sleeping 0-`latency` s before each call: (each request's (engine step it joined at, id), trajectories)."""
+    sleeping 0-`latency` s before each call: (each request's (engine step it joined at, id), trajectories).
+    Beside it, a TP rank 1 mirror (its own AgentTurns and engine, no agents) applies the lead's events: both
+    engines must get the same calls (ids, prompts, caps, seeds) and aborts, in the same order."""
     from types import SimpleNamespace
 
     from rlcore.rollout.turns import Envs
@@ -381,7 +383,7 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
         def step(self):
             out = super().step()
             for _, sample in out:
-                sample.versions = [turns.tick + 1] * len(sample.token_ids)
+                sample.versions = [self.turns.tick + 1] * len(sample.token_ids)
             return out
 
     async def slow_agent(client, row):
@@ -393,25 +395,33 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
         client.chat.completions.create = late
         return await tool_agent(client, row)
 
-    engine, logged = Tagged(tok), SimpleNamespace(lines=[])
+    logged, ended, sides = SimpleNamespace(lines=[]), [], []
     endpoint = Endpoint(tok, 1.0, 16, 96, 2)
-    envs = Envs(None, "slow_agent", 2, [], 10.0, 8, None, tok.decode, agent=slow_agent, endpoint=endpoint)
     rollout = SimpleNamespace(max_new_tokens=16, max_total_tokens=32, temperature=1.0, join_steps=2,
                               schedule=schedule, trajectory_timeout_s=0.0)
-    run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout), rollout=SimpleNamespace(envs=envs), engine=engine,
-                          logger=SimpleNamespace(print=logged.lines.append))
-    turns, added, ended = AgentTurns(run), [], []
-    turns.scored = lambda trajs: ended.extend(trajs) or {}
-    submit = engine.submit
-    engine.submit = lambda rid, *a: added.append((turns.tick, rid)) or submit(rid, *a)
+    for tp_rank in (0, 1):
+        engine, added = Tagged(tok), []
+        envs = Envs(None, "slow_agent", 2, [], 10.0, 8, None, tok.decode, agent=slow_agent,
+                    endpoint=endpoint if tp_rank == 0 else None)
+        run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout), rollout=SimpleNamespace(envs=envs, tp_rank=tp_rank),
+                              engine=engine, logger=SimpleNamespace(print=logged.lines.append))
+        engine.turns = turns = AgentTurns(run)
+        turns.scored = (lambda trajs: ended.extend(trajs) or {}) if tp_rank == 0 else None  # only the lead scores
+        engine.submit = lambda rid, *a, t=turns, e=engine, log=added: \
+            log.append((t.tick, rid)) or Tagged.submit(e, rid, *a)
+        sides.append((turns, engine, added))
+    (turns, engine, added), (mirror, mirror_engine, mirrored) = sides
     try:
         for g, row in enumerate(rows):
-            turns.admit(g, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g, 2)
-        run_to_end(turns, engine)
+            for t, _, _ in sides:
+                t.admit(g, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g, 2)
+        run_to_end(turns, engine, (mirror, mirror_engine))
     finally:
         turns.close()
+        mirror.close()
         endpoint.shutdown()
     assert not logged.lines
+    assert mirrored == added and mirror_engine.calls == engine.calls
     return added, sorted(ended, key=lambda x: x.seed)
 
 

@@ -32,8 +32,8 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
     (["rollout.max_running=7"], "rollout.max_running=7 is below one prompt group (rollout.group_size=8): the engine "
                                 "could never admit a group; valid: >= 8"),
     (["rollout.ranks=2", "rollout.prompts_per_step=16"],
-     "rollout.stream=true runs one engine on one rank: set rollout.ranks=1 (got 2); more engines or tensor "
-     "parallelism are not built yet"),
+     "rollout.stream=true runs one engine: set rollout.ranks=rollout.tensor_parallel=1 (got rollout.ranks=2); more "
+     "than one engine is not built yet"),
     (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
      "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
@@ -83,9 +83,10 @@ def test_resume_into_another_mode_is_refused(tmp_path):
 
 # ---- when environment answers join (rlcore/stream_turns.py), on a scripted step engine --------------------------
 
-def drive(schedule: str, latency: float) -> tuple[list, list]:
+def drive(schedule: str, latency: float) -> tuple[list, list, list]:
     """Two groups of two trajectories through Turns, on test_continuous's engine (one step per token), their
-    environment 0-`latency` s late at random: (each request's (engine step it was added at, id), trajectories)."""
+    environment 0-`latency` s late at random: (each request's (engine step it was added at, id, prompt, seed),
+    trajectories, the same requests of a TP rank 1 mirror: its own Turns and engine, fed the lead's answers)."""
     import random
     from types import SimpleNamespace
 
@@ -101,33 +102,46 @@ def drive(schedule: str, latency: float) -> tuple[list, list]:
     rows = [{"name": "a", "first": 40, "obs": [[99, 21], [99, 22], [99]], "rewards": [0, 0, 1],
              "done": [False, False, True]},
             {"name": "b", "first": 41, "obs": [[99, 23], [99], [99]], "rewards": [0, 1, 0], "done": [False, True, False]}]
-    engine = StepEngine({40: [[5, STOP], [6, STOP], [7, EOS]], 41: [[5, 6, 7, STOP], [8, EOS]]})
     rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=24, temperature=1.0, join_steps=2,
                               schedule=schedule, trajectory_timeout_s=0.0)
-    run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout, data=SimpleNamespace(prompt_column="prompt")),
-                          rollout=SimpleNamespace(envs=envs(factory=Late)), engine=engine)
-    turns, added, ended = Turns(run), [], []
-    turns.scored = lambda trajs: ended.extend(trajs) or {}
-    submit = engine.submit
-    engine.submit = lambda rid, *a: added.append((turns.tick, rid)) or submit(rid, *a)
-    for g, row in enumerate(rows):
-        turns.admit(g, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g, 2)
-    run_to_end(turns, engine)
-    turns.close()
-    return added, sorted(ended, key=lambda x: (x.seed, x.row["name"]))
+    sides, ended = [], []
+    for tp_rank in (0, 1):
+        engine, added = StepEngine({40: [[5, STOP], [6, STOP], [7, EOS]], 41: [[5, 6, 7, STOP], [8, EOS]]}), []
+        run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout, data=SimpleNamespace(prompt_column="prompt")),
+                              rollout=SimpleNamespace(envs=envs(factory=Late), tp_rank=tp_rank), engine=engine)
+        turns = Turns(run)
+        turns.scored = (lambda trajs: ended.extend(trajs) or {}) if tp_rank == 0 else None  # only the lead scores
+        engine.submit = lambda rid, prompt, *a, t=turns, e=engine, log=added: \
+            log.append((t.tick, rid, tuple(prompt), a[2])) or StepEngine.submit(e, rid, prompt, *a)
+        for g, row in enumerate(rows):
+            turns.admit(g, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g, 2)
+        sides.append((turns, engine, added))
+    (lead, engine, added), (mirror, mirror_engine, mirrored) = sides
+    run_to_end(lead, engine, (mirror, mirror_engine))
+    lead.close()
+    assert engine.calls == mirror_engine.calls  # the same adds (ids, seeds) and aborts, in the same order
+    return added, sorted(ended, key=lambda x: (x.seed, x.row["name"])), mirrored
 
 
-def run_to_end(turns, engine) -> None:
-    """What rlcore.stream.Engine.serve and step do between its exchanges, until no trajectory is in flight."""
+def run_to_end(turns, engine, mirror=None) -> None:
+    """What rlcore.stream.Engine.serve and step do between its exchanges, until no trajectory is in flight. With a
+    `mirror` (turns, engine) of TP rank 1, it applies the events the lead's `ready` gave (Engine.sync)."""
+    sides = [(turns, engine)] + ([mirror] if mirror else [])
     while turns.flying:
-        turns.join()
-        if turns.due and not engine.busy():
-            turns.idle()
-            continue
-        finished = engine.step()
-        turns.tick += 1
-        for rid, sample in finished:
-            turns.finished(rid, sample)
+        answers, late = turns.ready()
+        if mirror:
+            assert mirror[0].ready() == ({}, [])  # a mirror runs no environment or agent
+        for t, e in sides:
+            t.join(answers, late)
+        for t, e in sides:
+            if t.due and not e.busy():
+                t.idle()
+                continue
+            finished = e.step()
+            t.tick += 1
+            for rid, sample in finished:
+                t.finished(rid, sample)
+    assert not mirror or not mirror[0].flying
 
 
 def test_lockstep_answers_join_at_fixed_engine_steps():
@@ -135,14 +149,18 @@ def test_lockstep_answers_join_at_fixed_engine_steps():
     turn) joins after step s + 2, whatever the tool's latency; an idle engine goes straight there. Trajectory a
     (turns of 2 tokens): reset at 0 -> turn 0 added at step 2, ends at 4 -> turn 1 at 6, ends at 8 -> turn 2 at 10.
     b (4 tokens, then 2): turn 0 at 2, ends at 6 -> turn 1 at 8. Two runs with other latencies: the same steps.
-    continuous joins answers as they arrive: the same trajectories (this engine's tokens ignore the step)."""
-    added, trajs = drive("lockstep", 0.02)
-    at = {rid: tick for tick, rid in added}
+    continuous joins answers as they arrive: the same trajectories (this engine's tokens ignore the step). In both,
+    a TP rank 1 that only applies the lead's answers adds the lead's requests (id, prompt, seed) at the lead's
+    steps, and aborts alike."""
+    added, trajs, mirrored = drive("lockstep", 0.02)
+    assert mirrored == added  # tensor parallelism: rank 1, fed the lead's answers, adds the same requests
+    at = {rid: tick for tick, rid, _, _ in added}
     assert [at[f"s0.{j}.{t}"] for j in (0, 1) for t in (0, 1, 2)] == [2, 6, 10] * 2
     assert [at[f"s1.{j}.{t}"] for j in (0, 1) for t in (0, 1)] == [2, 8] * 2
     assert drive("lockstep", 0.02)[0] == added
     assert [x.env_reward for x in trajs] == [1, 1, 1, 1] and all(x.done and not x.truncated for x in trajs)
-    other = drive("continuous", 0.02)[1]
+    arrived, other, mirrored = drive("continuous", 0.02)
+    assert mirrored == arrived
     assert [(x.tokens, x.sampled, x.env_reward) for x in other] == [(x.tokens, x.sampled, x.env_reward) for x in trajs]
 
 
@@ -209,15 +227,26 @@ def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
 
 
 @pytest.mark.slow
-def test_stream_learns_on_two_fsdp_trainers_at_k2_with_free_loads(tmp_path):
-    """1 engine + 2 FSDP trainer ranks, k=2, versions loaded as they arrive (rollout.free_loads): +30 points, no
-    token more than 2 versions old, none dropped."""
-    proc = torchrun(ROOT / "launch" / "train.py", *STREAM, "rollout.max_staleness=2", "rollout.free_loads=true",
-                    "train.steps=6", "train.eval_every=6", f"output_dir={tmp_path}", nproc=3)
+def test_stream_learns_on_a_tp2_engine_and_two_fsdp_trainers_at_k2_with_free_loads(tmp_path):
+    """1 engine of 2 tensor-parallel ranks + 2 FSDP trainer ranks, k=2, versions loaded as they arrive
+    (rollout.free_loads). The engine's first rank alone gets SIGTERM under requests in flight at version 3: its
+    second rank hears it at the next step boundary (they agree there), every rank exits 75 after a complete
+    checkpoint, and the resume finishes: +30 points, no token more than 2 versions old, none dropped, each in-flight
+    load within the probe's bound."""
+    run = (*STREAM, "rollout.ranks=2", "rollout.tensor_parallel=2", "rollout.max_staleness=2",
+           "rollout.free_loads=true", "train.steps=6", "train.eval_every=6", f"output_dir={tmp_path}")
+    proc = torchrun(WORKERS / "stream_worker.py", *run, nproc=4, env={"TERM_AT_VERSION": "3"})
+    assert rank_exit_codes(proc) == {75}, proc.stderr[-4000:]
+    assert len(re.findall(r"stream_worker: SIGTERM with [1-9]\d* requests in flight", proc.stderr)) == 1
+    step = int(re.search(r"rlcore: stopped: SIGTERM after step (\d+); checkpoint", proc.stdout + proc.stderr)[1])
+    assert 3 <= step < 6 and (tmp_path / "demo" / "checkpoints" / f"step_{step}" / "COMPLETE.json").exists()
+    proc = torchrun(ROOT / "launch" / "train.py", *run, "resume=auto", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"resume: continuing after step {step}" in proc.stdout
     rows = metrics(tmp_path / "demo")
+    assert [r["step"] for r in rows] == list(range(7))
     assert max(r["async/token_staleness_max"] for r in rows[1:]) <= 2
-    assert all(r["async/dropped_samples"] == 0 for r in rows[1:])
+    assert all(r["async/dropped_samples"] == 0 and r["async/probe_logprob_diff_max"] < 1e-3 for r in rows[1:])
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
 
 

@@ -5,9 +5,9 @@
 SLOW=trainer:S sleeps S seconds in every trainer step (the engine waits at its loads); SLOW=engine:S sleeps S
 seconds in every engine step (the trainers wait for batches). DUMP=dir: the trainer rank writes each step's
 batch (tokens, engine logprobs, per-token versions) to dir/batch_<t>.pt. KILL_RANK=r KILL_AT_STEP=t: rank r
-sends itself SIGKILL in step t's training. TERM_AT_VERSION=v: the engine rank sends itself SIGTERM at its first
-engine step holding version v with environment calls in flight (it says how many on stderr; TERM_STAMP=file: the
-time.time() it sent it). Arguments are passed
+sends itself SIGKILL in step t's training. TERM_AT_VERSION=v: the engine's first rank (alone, with tensor
+parallelism) sends itself SIGTERM at its first engine step holding version v with environment calls in flight
+(single-turn: requests; it says how many on stderr; TERM_STAMP=file: the time.time() it sent it). Arguments are passed
 to launch/train.py unchanged.
 """
 import os
@@ -44,9 +44,11 @@ def slow_engine_step(self):
 
 
 def signalled_engine_step(self):
-    if self.run.engine.version >= int(os.environ["TERM_AT_VERSION"]) and self.turns.due and not self.stop.received:
-        print(f"stream_worker: SIGTERM with {len(self.turns.due)} environment calls in flight", file=sys.stderr,
-              flush=True)
+    flying = self.turns.due if self.turns.multi else self.turns.live
+    if self.lead and self.run.engine.version >= int(os.environ["TERM_AT_VERSION"]) and flying and \
+            not self.stop.received:
+        what = "environment calls" if self.turns.multi else "requests"
+        print(f"stream_worker: SIGTERM with {len(flying)} {what} in flight", file=sys.stderr, flush=True)
         Path(os.environ.get("TERM_STAMP", os.devnull)).write_text(str(time.time()))
         os.kill(os.getpid(), signal.SIGTERM)
     return engine_step(self)
