@@ -37,12 +37,12 @@ def set_scope(group) -> None:
 
 
 @contextlib.contextmanager
-def alone():
-    """This rank's collectives over itself alone while in the block: the streaming engine's first rank scores a
-    group the moment it ends, a moment no other rank shares (rlcore/stream_turns.py); its errors stop the run at
-    the engine's next agreement instead."""
+def scoped(group):
+    """This rank's collectives over `group` while in the block (ALONE: over itself alone). The streaming engines'
+    first ranks score a group the moment it ends, a moment no other rank shares, and sum a batch's metrics among
+    themselves only (rlcore/stream_turns.py)."""
     global _scope
-    outer, _scope = _scope, ALONE
+    outer, _scope = _scope, group
     try:
         yield
     finally:

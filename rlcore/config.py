@@ -284,9 +284,6 @@ def check_stream(cfg: Config, dims) -> None:
     if not cfg.algorithm.corrects_off_policy:
         raise ValueError("rollout.stream=true loads weights under requests in flight, so samples span versions: "
                          "the loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
-    if dims.rollout_ranks != dims.tp:
-        raise ValueError(f"rollout.stream=true runs one engine: set rollout.ranks=rollout.tensor_parallel={dims.tp} "
-                         f"(got rollout.ranks={dims.rollout_ranks}); more than one engine is not built yet")
     if r.step_deadline_s:
         raise ValueError("rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories "
                          "run across steps): set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)")

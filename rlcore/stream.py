@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rlcore.collectives import RunError, set_scope
+from rlcore.collectives import ALONE, RunError, all_max, first_error, set_scope
 from rlcore.rollout.collect import rollout_seed
 from rlcore.split import PROBE_ROWS, own_state, trainers_state
 from rlcore.stream_agents import AgentTurns
@@ -91,7 +91,9 @@ class Engine:
         cfg, r = run.cfg, run.cfg.rollout
         self.run, self.link, self.loop, self.stop = run, link, loop, loop.stop
         self.lead = run.rollout.tp_rank == 0  # tensor parallelism: environments, scores, batches on the first rank
-        self.P, self.G, self.k, self.steps = r.prompts_per_step, r.group_size, r.max_staleness, cfg.train.steps
+        # engine e of E (rollout.ranks / T): its P = prompts_per_step / E groups of each batch, as split deals them
+        self.E, self.e = run.dims.rollout_groups, run.rollout.group
+        self.P, self.G, self.k, self.steps = r.prompts_per_step // self.E, r.group_size, r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
         # the trajectories in flight, and the finished groups (rlcore/stream_turns.py; agents: stream_agents.py)
@@ -191,7 +193,7 @@ class Engine:
             self.turns.admit(g, self.rows[g], self.seed(g), self.G)
 
     def seed(self, g: int) -> int:
-        return rollout_seed(self.run.cfg.seed, self.batch_of(g), g % self.P, self.G)
+        return rollout_seed(self.run.cfg.seed, self.batch_of(g), self.e * self.P + g % self.P, self.G)
 
     def step(self) -> None:
         """One engine step (or, with nothing to decode while environments answer, on to their next join)."""
@@ -215,26 +217,31 @@ class Engine:
 
     def hand_over(self, b: int) -> None:
         """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
-        share, error, groups = None, self.error, list(range(self.P * (b - 1), self.P * b))
-        if self.complete(b) and error is None:
-            if self.lead:
-                share, self.pending[b] = self.turns.batch(groups, self.G)
-            else:  # the lead hands the batch over; this rank only lets go of it
-                self.pending[b] = {}
-                for g in groups:
-                    del self.turns.done[g]
-            for g in groups:
-                del self.rows[g]
-            if b == 1 and self.lead:
+        share, groups = None, list(range(self.P * (b - 1), self.P * b))
+        ready = self.complete(b) and self.error is None
+        if self.lead:
+            if self.E > 1:  # every engine's share of batch b, or none: their first ranks agree
+                flags = [None] * self.E
+                dist.all_gather_object(flags, ready, group=self.link.leads)
+                ready = all(flags)
+            if ready:
+                share, self.pending[b] = self.turns.batch(groups, self.G, self.link.leads or ALONE)
+            if b == 1 and ready and dist.get_rank() == 0:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
-        messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
+        messages = exchange(self.link, {"batch": share, "error": self.error, "stop": self.stop.received,
                                         "probe": self.probe, "loop": self.loop.state})
         if error_in(messages):
             raise RunError(error_in(messages))
         self.probe = messages[0]["probe"]
         self.loop.state = trainers_state(self.run, messages)
-        if messages[0]["batch"] is not None:
+        if messages[0]["batch"] is not None:  # handed over (every engine's share): let go of it
+            if not self.lead:
+                self.pending[b] = {}
+                for g in groups:
+                    del self.turns.done[g]
+            for g in groups:
+                del self.rows[g]
             self.handed = b
             if self.run.cfg.rollout.free_loads and self.lead:
                 self.waiting = listen(self.link)
@@ -257,6 +264,8 @@ class Engine:
             self.step()
         got = [self.scores.pop(f"probe.{v}.{i}") for i in range(len(self.probe))]
         gap = max(abs(a - b) for g, e in zip(got, header["probe"]) for a, b in zip(g, e))
+        if self.E > 1:  # the worst engine's (a collective over the rollout ranks, each at its own load of v)
+            gap = all_max(gap)
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
@@ -267,7 +276,9 @@ class Engine:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                      f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
                      f"holds other weights than the trainers sent (transfer failed)")
-        elif error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
+        if self.E > 1:  # every engine evaluates (a collective over them), or none
+            error = first_error(error, self.link.rollout)
+        if error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
             self.loop.evaluate(v, metrics)
         self.loop.record(v, metrics)
         messages = exchange(self.link, {"error": error, "stop": self.stop.received, "loop": self.loop.state})

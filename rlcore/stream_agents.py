@@ -24,6 +24,7 @@ import time
 from typing import TYPE_CHECKING
 
 from rlcore.batch import Batch
+from rlcore.collectives import all_sum
 from rlcore.rollout.agents import end_of, fill
 from rlcore.rollout.collect import agent_endpoint
 from rlcore.rollout.continuous import POLL_S
@@ -180,11 +181,12 @@ class AgentTurns(Turns):
         if self.runner is not None:
             self.runner.close()
 
-    def batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
+    def _batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
         trajs = [x for g in groups for x in self.done[g]["trajs"]]
-        batch, metrics = super().batch(groups, size)
-        metrics |= {"agent/calls_mean": sum(len(x.turns) for x in trajs) / len(trajs),
-                    "agent/failed": sum(x.error is not None for x in trajs),
-                    "agent/timeouts": sum(x.timed_out for x in trajs),
-                    "agent/rewritten": sum(len(x.starts) for x in trajs)}
+        batch, metrics = super()._batch(groups, size)
+        n, calls, failed, timeouts, rewritten = all_sum(
+            len(trajs), sum(len(x.turns) for x in trajs), sum(x.error is not None for x in trajs),
+            sum(x.timed_out for x in trajs), sum(len(x.starts) for x in trajs))
+        metrics |= {"agent/calls_mean": calls / n, "agent/failed": failed, "agent/timeouts": timeouts,
+                    "agent/rewritten": rewritten}
         return batch, metrics

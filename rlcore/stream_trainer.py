@@ -1,4 +1,4 @@
-"""Streaming's trainer side (the contract is rlcore/stream.py's docstring): ranks [1, W) take batch t at hand-over t,
+"""Streaming's trainer side (the contract is rlcore/stream.py's docstring): ranks [R, W) take batch t at hand-over t,
 train step t from version t - 1, send version t into the engine's in-flight load, then meet the engine at the
 control exchange (the checkpoint when due or asked for). Per-token staleness is measured here.
 """
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def train_side(run: Run, link: Link, loop: Loop) -> None:
-    """Ranks [1, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
+    """Ranks [R, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
     steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
     probe = None
 
@@ -41,7 +41,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         nonlocal probe
         messages = agree({"batch": None, "probe": None})
         probe = messages[0]["probe"]
-        batch = my_slice(run, messages, [messages[0]["batch"]]) if messages[0]["batch"] is not None else None
+        shares = [messages[lead]["batch"] for lead in range(0, run.dims.rollout_ranks, run.dims.tp)]  # per engine
+        batch = my_slice(run, messages, shares) if all(s is not None for s in shares) else None
         if any(m["stop"] for m in messages):
             raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
         return batch
@@ -72,10 +73,11 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         header = {"version": t, "metrics": metrics, "error": error,
                   "probe": probe_logprobs(run, probe) if error is None else None}
         # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
-        told = dist.isend(torch.tensor([t]), dst=0, group=link.ready) if link.ready is not None and leader else None
+        told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in
+                 range(0, run.dims.rollout_ranks, run.dims.tp)] if link.ready is not None and leader else []
         send_weights(run, link, header)
-        if told is not None:
-            told.wait()
+        for sent in told:
+            sent.wait()
         if error:
             raise RunError(error)
         control(t)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore.batch import Batch
-from rlcore.collectives import RunError, alone
+from rlcore.collectives import ALONE, RunError, all_sum, scoped
 from rlcore.rollout.collect import close_envs, env_metrics, pad_id, score
 from rlcore.rollout.continuous import POLL_S, cut, finish_turn
 from rlcore.rollout.env import EnvRunner
@@ -206,7 +206,7 @@ class Turns:
         t = time.perf_counter()
         rewards, parts, tools = torch.zeros(len(trajs)), {}, {}
         try:
-            with alone():  # at this rank's own moment: its collectives are its own
+            with scoped(ALONE):  # at this rank's own moment: its collectives are its own
                 rewards, parts = score(self.run, trajs)
                 if declared_tools(self.envs.factory) is not None:
                     tools = tool_stats([x.env for x in trajs]).metrics("tool/")
@@ -219,9 +219,11 @@ class Turns:
         return {"trajs": trajs, "rewards": rewards, "parts": parts, "tools": tools,
                 "reward_s": time.perf_counter() - t}
 
-    def batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
-        """These finished groups, in this order, as the trainers' Batch: rewards, and each token's version."""
-        with alone():
+    def batch(self, groups: list[int], size: int, leads=ALONE) -> tuple[Batch, dict]:
+        """These finished groups, in this order, as this engine's share of the trainers' Batch: rewards, and each
+        token's version. Its metrics are summed over `leads` (several engines: their first ranks, each handing
+        its share of the same batch over; rlcore/stream.py), as split sums them over its rollout ranks."""
+        with scoped(leads):
             return self._batch(groups, size)
 
     def _batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
@@ -236,18 +238,19 @@ class Turns:
         # a trajectory that sampled nothing (its reset failed or timed out) is as new as the batch
         batch.versions = torch.tensor([min(x.versions, default=run.engine.version) for x in trajs],
                                       dtype=torch.long)  # [B]
-        rewards = batch.rewards
-        metrics = {"reward/mean": rewards.mean().item(), "reward/std": rewards.std(unbiased=False).item(),
-                   "time/reward_s": sum(p["reward_s"] for p in parts),
-                   "tokens/generated": sum(len(x.versions) for x in trajs)}
-        names = parts[0]["parts"]
-        if len(names) > 1:
-            metrics |= {f"reward/{n}": torch.cat([p["parts"][n] for p in parts]).mean().item() for n in names}
+        rewards, names = batch.rewards.double(), sorted(parts[0]["parts"]) if len(parts[0]["parts"]) > 1 else []
+        n, r_sum, r_sq, generated, *part_sums = all_sum(
+            len(rewards), rewards.sum().item(), (rewards ** 2).sum().item(), sum(len(x.versions) for x in trajs),
+            *(torch.cat([p["parts"][k] for p in parts]).double().sum().item() for k in names))
+        mean = r_sum / n
+        metrics = {"reward/mean": mean, "reward/std": max(r_sq / n - mean ** 2, 0.0) ** 0.5,
+                   "time/reward_s": sum(p["reward_s"] for p in parts), "tokens/generated": generated}
+        metrics |= {f"reward/{k}": total / n for k, total in zip(names, part_sums)}  # unweighted, each
         if self.multi:
-            metrics |= self.env_metrics(trajs, parts)
+            metrics |= self.env_metrics(trajs, parts, n)
         return batch, metrics
 
-    def env_metrics(self, trajs: list[Trajectory], parts: list[dict]) -> dict[str, float]:
+    def env_metrics(self, trajs: list[Trajectory], parts: list[dict], n: float) -> dict[str, float]:
         """colocated's multi-turn and tool metrics (rlcore.rollout.collect.env_metrics) over the batch; the
         engine's time waiting for answers since the last hand-over is time/env_s."""
         now, s = time.perf_counter(), self.since
@@ -261,4 +264,4 @@ class Turns:
             for k, v in p["tools"].items():
                 totals[k] = totals.get(k, 0) + v
         self.since = {"wait_s": 0.0, "calls": 0, "t": now}
-        return env_metrics(self.run, totals, len(trajs))
+        return env_metrics(self.run, totals, n)

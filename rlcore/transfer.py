@@ -27,14 +27,17 @@ class Link:
     headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
     objects: object  # every rank over gloo: batches, errors and stop signals
     leader: int  # R, the first trainer rank: it sends the weights
-    ready: object = None  # rollout.free_loads: rank R and rank 0 over gloo, "version v waits" (rlcore/stream.py)
+    # streaming (rlcore/stream.py), several engines: their first ranks over gloo (the batch's metrics)
+    leads: object = None
+    ready: object = None  # rollout.free_loads: rank R and each engine's first rank over gloo, "version v waits"
 
     @staticmethod
-    def make(rollout_ranks: int, world: int, free_loads: bool = False) -> Link:
-        side = list(range(rollout_ranks))
+    def make(rollout_ranks: int, world: int, tp: int = 1, stream: bool = False, free_loads: bool = False) -> Link:
+        side, leads = list(range(rollout_ranks)), list(range(0, rollout_ranks, tp))
         return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
                     new_group(list(range(world)), "gloo"), rollout_ranks,
-                    new_group([0, rollout_ranks], "gloo") if free_loads else None)
+                    new_group(leads, "gloo") if stream and len(leads) > 1 else None,
+                    new_group(leads + [rollout_ranks], "gloo") if free_loads else None)
 
 
 # ---- the two halves of an exchange -------------------------------------------------------------------------

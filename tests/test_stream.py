@@ -31,9 +31,6 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
      "off-policy correction, algorithm.tis_cap > 0 (e.g. 2)"),
     (["rollout.max_running=7"], "rollout.max_running=7 is below one prompt group (rollout.group_size=8): the engine "
                                 "could never admit a group; valid: >= 8"),
-    (["rollout.ranks=2", "rollout.prompts_per_step=16"],
-     "rollout.stream=true runs one engine: set rollout.ranks=rollout.tensor_parallel=1 (got rollout.ranks=2); more "
-     "than one engine is not built yet"),
     (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
      "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
@@ -217,13 +214,17 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
 
 @pytest.mark.slow
 def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
-    """One tensor scaled by 1.01 in the second load (under requests in flight) stops every rank with exit 3."""
-    proc = torchrun(WORKERS / "split_faults.py", *STREAM, "train.steps=4", "data.eval_path=",
-                    f"output_dir={tmp_path}", env={"RLCORE_FAULT": "corrupt"})
+    """Two engines (rollout.ranks=2, one rank each) + 1 trainer: one tensor scaled by 1.01 in the second load of the
+    second engine only (under requests in flight) stops every rank with exit 3; the first engine's log line of that
+    step reports the worst engine's gap."""
+    proc = torchrun(WORKERS / "split_faults.py", *STREAM, "rollout.ranks=2", "train.steps=4", "data.eval_path=",
+                    f"output_dir={tmp_path}", nproc=3, env={"RLCORE_FAULT": "corrupt", "RLCORE_FAULT_RANK": "1"})
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert "exceeds rollout.logprob_diff_threshold=0.001 after the in-flight load of version 2: the engine holds " \
            "other weights than the trainers sent (transfer failed)" in proc.stderr
-    assert [r["step"] for r in metrics(tmp_path / "demo")] == [1, 2]
+    rows = metrics(tmp_path / "demo")
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["async/probe_logprob_diff_max"] < 1e-4
+    assert rows[1]["async/probe_logprob_diff_max"] > 1e-3
 
 
 @pytest.mark.slow

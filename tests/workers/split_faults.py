@@ -3,7 +3,8 @@
 RLCORE_FAULT=skip: from the second transfer on, the engines drain the received weights without loading them
 (a skipped transfer: they keep sampling with older weights). RLCORE_FAULT=corrupt: from the second transfer on,
 one received tensor (the first of each transfer) arrives scaled by 1.01 (a corrupted unit). Either way the
-probe check after the transfer must stop the run. Arguments are passed to launch/train.py unchanged.
+probe check after the transfer must stop the run. RLCORE_FAULT_RANK=r: only rank r's engine is broken (the others
+load what was sent). Arguments are passed to launch/train.py unchanged.
 """
 import os
 import runpy
@@ -19,7 +20,7 @@ transfers = [0]
 
 def broken_load(self, weights):
     transfers[0] += 1
-    if transfers[0] < 2:
+    if transfers[0] < 2 or os.environ.get("RLCORE_FAULT_RANK", os.environ["RANK"]) != os.environ["RANK"]:
         return load(self, weights)
     if FAULT == "skip":
         for _ in weights:
