@@ -85,11 +85,11 @@ class RolloutConfig:
     # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
     # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
-    # Streaming (rlcore/stream.py), with a split mesh: the engine never drains; it keeps up to max_running
+    # Streaming (rlcore/stream.py), with a split mesh: the engines never drain; each keeps up to max_running
     # sequences running, admits the next prompt group as soon as there is room, and loads each new version
     # between two engine steps under the requests in flight. max_staleness bounds every token's age.
     stream: bool = False
-    max_running: int = 0  # streaming: trajectories in flight at once on the engine; 0 = one step's batch
+    max_running: int = 0  # streaming: trajectories in flight at once on each engine; 0 = its share of one step
     # streaming, lockstep schedule: an environment's answer joins the engine after this many engine steps
     # (the engine waits there for a late one), so the run does not depend on tool latency (rlcore/stream_turns.py)
     join_steps: int = 2

@@ -143,7 +143,7 @@ def check_running(cfg: Config, hf_config, max_model_len: int, kv_bytes: int | No
     """Streaming: rollout.max_running sequences of the engine context must fit its KV cache at once, or the
     engine would preempt them itself (rlcore/stream.py counts on running what it admitted)."""
     r = cfg.rollout
-    running = r.max_running or r.prompts_per_step * r.group_size
+    running = r.max_running or r.prompts_per_step // (r.ranks // r.tensor_parallel) * r.group_size  # per engine
     budget = kv_bytes if torch.cuda.is_available() else r.cpu_kv_cache_gb * 2**30
     if not budget:  # CUDA without a plan: vLLM sizes the cache from gpu_memory_utilization at startup
         return

@@ -1,17 +1,18 @@
-"""Streaming: the split mesh's engine never drains; new weights load between two engine steps under requests in flight.
+"""Streaming: the split mesh's engines never drain; new weights load between two engine steps under requests in flight.
 
     torchrun --nproc-per-node 3 launch/train.py recipe=demo rollout.ranks=1 rollout.stream=true \
         rollout.max_staleness=1 algorithm.tis_cap=2
 
 The batch-level split (rlcore/split.py) samples each batch whole with one version and waits for its longest
-sample. Here the engine (ranks [0, T), T = rollout.tensor_parallel = rollout.ranks: one vLLM engine) keeps up to
-rollout.max_running trajectories in flight and admits the next prompt
-group (group_size trajectories, seeds as split's) as soon as there is room, across step boundaries; the trainers
-take batch b = prompt groups [(b-1)P, bP) of the prompt stream (P = rollout.prompts_per_step), whole, in prompt
-order, so every batch is the same rows in the same order as colocated and split.
+sample. Here each engine (E = rollout.ranks / T engines of T = rollout.tensor_parallel ranks) keeps up to
+rollout.max_running trajectories in flight and admits its next prompt group (group_size trajectories, seeds as
+split's) as soon as there is room, across step boundaries. Engine e streams its own P = prompts_per_step / E
+groups of every batch (the rows split deals it: its prompt stream), batch b being its groups [(b-1)P, bP), in
+order; the trainers take batch b whole, the engines' shares in engine order, so every batch is the same rows in
+the same order as colocated and split. The text below speaks of one engine; each engine runs it on its own.
 
 Multi-turn (rollout.env, rlcore/stream_turns.py): a trajectory's turns are requests of their own and may span
-versions; its environment runs on the engine rank, and its answers join the engine at an engine step fixed by
+versions; its environment runs on the engine's first rank, and its answers join the engine at an engine step fixed by
 the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
 engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
 its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
@@ -34,15 +35,22 @@ in flight (environment calls included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
-its own, rlcore.collectives.alone) and hands batches over; the other ranks hold the same trajectories without
-environments. At every step boundary one all_gather over the engine's ranks (Engine.sync) carries what the
+its own: rlcore.collectives.scoped(ALONE)) and hands its share over; the other ranks hold the same trajectories
+without environments. At every step boundary one all_gather over the engine's ranks (Engine.sync) carries what the
 decisions read: the answers or agent events that join there, the trajectories over budget, signals, the first
 error and (free loads) whether the lead heard of the next version. Every rank then admits, joins, aborts, loads and
 exchanges alike, and each token's version is the same on every rank.
 
+Several engines (E > 1). Each engine's load points are functions of its own data, and every engine makes the same
+exchanges in the same order (below), so their collectives pair up; an engine that reaches a hand-over first waits
+there for the others (its requests frozen), as it waits for late trainers. At hand-over b the engines' leads agree
+that every share of batch b is complete (or none is handed) and sum its metrics among themselves (Link.leads,
+as split sums over its rollout ranks); after each load the probe's gap is the worst engine's and every engine
+evaluates, or none. stream/* and the engine side's time/* are the first engine's.
+
 Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
-trainers said it waits (a one-number message over its own gloo pair, rank R -> rank 0, before the weights), or
-when the engine has nothing in flight; the engine never waits for a version it does not need. Which tokens a
+trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
+the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need. Which tokens a
 version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints hold as above.
 
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
@@ -93,7 +101,8 @@ class Engine:
         self.lead = run.rollout.tp_rank == 0  # tensor parallelism: environments, scores, batches on the first rank
         # engine e of E (rollout.ranks / T): its P = prompts_per_step / E groups of each batch, as split deals them
         self.E, self.e = run.dims.rollout_groups, run.rollout.group
-        self.P, self.G, self.k, self.steps = r.prompts_per_step // self.E, r.group_size, r.max_staleness, cfg.train.steps
+        self.P, self.G = r.prompts_per_step // self.E, r.group_size
+        self.k, self.steps = r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
         # the trajectories in flight, and the finished groups (rlcore/stream_turns.py; agents: stream_agents.py)
@@ -162,9 +171,10 @@ class Engine:
 
     def sync(self) -> None:
         """What this step boundary's decisions read, the same on every rank of the engine: the environments'
-        answers that join here (they run on the lead, rank 0), the trajectories over budget (the lead's clock),
-        whether a signal arrived, the first error and (free loads) whether the lead heard the next version waits. With tensor parallelism one all_gather over the engine's
-        ranks carries them, so every rank then makes the same engine calls (vLLM's TP needs that)."""
+        answers that join here (they run on the lead, its first rank), the trajectories over budget (the lead's
+        clock), whether a signal arrived, the first error and (free loads) whether the lead heard the next version
+        waits. With tensor parallelism one all_gather over the engine's ranks carries them, so every rank then
+        makes the same engine calls (vLLM's TP needs that)."""
         answers, late = self.turns.ready()
         stopped, error = self.stop.received, self.turns.error
         arrived = self.waiting is not None and self.waiting.is_set()
@@ -351,7 +361,7 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
 
 
 def train(run: Run, loop: Loop) -> dict[str, float]:
-    """Both sides of the streaming loop; returns the summary on the engine rank ({} on the trainer ranks)."""
+    """Both sides of the streaming loop; returns the summary on the engine ranks ({} on the trainer ranks)."""
     if run.dims.generates(dist.get_rank()):
         set_scope(run.link.rollout)
         return generate_side(run, run.link, loop)

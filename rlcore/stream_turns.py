@@ -191,7 +191,8 @@ class Turns:
         for key in self.due if self.runner is not None else ():
             self.runner.drop(key)
         groups = sorted(self.groups)
-        self.flying, self.groups, self.live, self.caps, self.due, self.arrived, self.started = {}, {}, {}, {}, {}, {}, {}
+        self.flying, self.groups, self.live, self.caps = {}, {}, {}, {}
+        self.due, self.arrived, self.started = {}, {}, {}
         return groups
 
     def close(self) -> None:

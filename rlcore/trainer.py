@@ -125,7 +125,9 @@ def layout(cfg: Config, dims: ParallelDims, models: Models, reward_models: int, 
     held += [f"reward model {i}" for i in range(reward_models)]
     if dims.split:  # rlcore/split.py
         r, n, ro = dims.rollout_ranks, dims.trainers, cfg.rollout
-        ahead = (f"streaming: up to {ro.max_running or ro.prompts_per_step * ro.group_size} trajectories in flight, "
+        running = ro.max_running or ro.prompts_per_step // dims.rollout_groups * ro.group_size
+        each = " per engine" if dims.rollout_groups > 1 else ""
+        ahead = (f"streaming: up to {running} trajectories in flight{each}, "
                  f"each token at most {ro.max_staleness} version(s) behind" if ro.stream else
                  f"batches at most {ro.max_staleness} version(s) behind")
         lines = [f"rlcore: {w} ranks, split: ranks 0-{r - 1} generate ({dims.rollout_groups} vLLM engine(s) x "

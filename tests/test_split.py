@@ -126,6 +126,12 @@ def test_layout_line_says_batches_or_streaming():
         assert lines[1:] == ["  rank 0   generates: engine 0 (tp rank 0 of 1)",
                              "  rank 1   trains: FSDP shard 0 of 2 | engine 1 dormant",
                              "  rank 2   trains: FSDP shard 1 of 2 | engine 2 dormant"]
+    # two engines: each streams half of every batch (16 prompts x 8 samples)
+    cfg = split_config("rollout.ranks=2", *K1, "rollout.stream=true")
+    assert layout(cfg, ParallelDims(3, 1, 2), actor, 0)[0] == (
+        "rlcore: 3 ranks, split: ranks 0-1 generate (2 vLLM engine(s) x tp=1), ranks 2-2 train (FSDP over 1; each "
+        "holds 1/1 of: actor (trained)); streaming: up to 128 trajectories in flight per engine, each token at most "
+        "1 version(s) behind")
 
 
 # ---- real runs ---------------------------------------------------------------------------------------------

@@ -50,7 +50,9 @@ def test_bad_stream_settings(overrides, says):
 
 def test_max_running_must_fit_the_kv_cache():
     """The demo's engine context is 24 tokens (16 prompt + 8 new): 2 layers x 2 KV heads x 32 dims x 4 bytes x 2
-    (K and V) = 1 KiB a token, 32 KiB a 32-token block-rounded sequence; 1 MiB of KV holds 32 of them."""
+    (K and V) = 1 KiB a token, 32 KiB a 32-token block-rounded sequence; 1 MiB of KV holds 32 of them. A rank of a
+    TP=2 engine caches 1 of the 2 heads: 64 of them. By default an engine runs its share of one step's batch: 256
+    sequences with one engine, 128 each with two."""
     from rlcore import models
     from rlcore.preflight import check_running
 
@@ -62,6 +64,12 @@ def test_max_running_must_fit_the_kv_cache():
                             "sequences of 24 tokens (32 KiB each); valid: 8-32")
     cfg.rollout.max_running = 32
     check_running(cfg, hf, 24, None)
+    cfg.rollout.max_running, cfg.rollout.tensor_parallel, cfg.rollout.ranks = 65, 2, 2
+    with pytest.raises(ValueError, match=r"65 sequences do not fit .* 1 MiB holds 64 sequences .* \(16 KiB each\)"):
+        check_running(cfg, hf, 24, None)
+    cfg.rollout.max_running, cfg.rollout.tensor_parallel, cfg.rollout.cpu_kv_cache_gb = 0, 1, 3 / 1024
+    with pytest.raises(ValueError, match=r"rollout.max_running=0 \(one step's batch\) = 128 sequences do not fit"):
+        check_running(cfg, hf, 24, None)  # two engines (rollout.ranks=2): 16 prompts x 8 each; 3 MiB holds 96
 
 
 def test_resume_into_another_mode_is_refused(tmp_path):
@@ -98,7 +106,8 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
 
     rows = [{"name": "a", "first": 40, "obs": [[99, 21], [99, 22], [99]], "rewards": [0, 0, 1],
              "done": [False, False, True]},
-            {"name": "b", "first": 41, "obs": [[99, 23], [99], [99]], "rewards": [0, 1, 0], "done": [False, True, False]}]
+            {"name": "b", "first": 41, "obs": [[99, 23], [99], [99]], "rewards": [0, 1, 0],
+             "done": [False, True, False]}]
     rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=24, temperature=1.0, join_steps=2,
                               schedule=schedule, trajectory_timeout_s=0.0)
     sides, ended = [], []
