@@ -180,8 +180,8 @@ def own_state(run: Run) -> dict:
 # ---- the trainer side -------------------------------------------------------------------------------------
 
 def my_slice(run: Run, messages: list[dict], shares: list[Batch] | None = None) -> Batch:
-    """This trainer rank's rows of the batch the rollout ranks' shares make, in rank order (streaming: the one
-    share the engine's first rank handed over)."""
+    """This trainer rank's rows of the batch the rollout ranks' shares make, in rank order (streaming: the shares
+    the engines' first ranks handed over, in engine order)."""
     shares = shares or [m["batch"] for m in messages[:run.dims.generators]]
     whole = Batch.cat(shares, pad_id(run.tokenizer))
     n = len(whole) // run.dims.trainers

@@ -50,8 +50,8 @@ evaluates, or none. stream/* and the engine side's time/* are the first engine's
 
 Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
 trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
-the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need. Which tokens a
-version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints hold as above.
+the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need.
+Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints hold as above.
 
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
@@ -68,7 +68,9 @@ Checkpoints drain (above) and save after a load: exact resume. A signal (SIGTERM
 its next exchange at once; in-flight trajectories are dropped (requests aborted, environment calls abandoned) and
 their groups re-admitted from scratch on resume (complete and nothing lost, but not the numbers of a straight
 run). Worst case from the signal to exit 75: the engine step (or, lockstep, the wait for a due tool answer, at
-most rollout.env_timeout_s) in progress, one trainer step, one transfer, the probe and the save.
+most rollout.env_timeout_s) in progress, one trainer step, one transfer, the probe and the save. With several
+engines, a signal that reaches one engine only (Slurm's reaches them all) waits until the others come to the
+same exchange: at worst until each finishes its share of the batch.
 """
 from __future__ import annotations
 
@@ -79,6 +81,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from rlcore import watchdog
 from rlcore.collectives import ALONE, RunError, all_max, first_error, set_scope
 from rlcore.rollout.collect import rollout_seed
 from rlcore.split import PROBE_ROWS, own_state, trainers_state
@@ -93,7 +96,8 @@ if TYPE_CHECKING:
 
 
 class Engine:
-    """Ranks [0, T): the streaming engine loop and everything it carries between steps (what a checkpoint saves)."""
+    """Ranks [0, R): one engine's loop (this rank's) and everything it carries between steps (what a checkpoint
+    saves)."""
 
     def __init__(self, run: Run, link: Link, loop: Loop):
         cfg, r = run.cfg, run.cfg.rollout
@@ -179,8 +183,7 @@ class Engine:
         stopped, error = self.stop.received, self.turns.error
         arrived = self.waiting is not None and self.waiting.is_set()
         if self.run.dims.tp > 1:
-            parts = [None] * self.run.dims.tp
-            dist.all_gather_object(parts, (answers, late, stopped, error, arrived), group=self.run.rollout.tp_group)
+            parts = gather((answers, late, stopped, error, arrived), self.run.rollout.tp_group, self.run.dims.tp)
             answers = {key: a for part in parts for key, a in part[0].items()}
             late, stopped, arrived = parts[0][1], any(p[2] for p in parts), parts[0][4]
             error = next((p[3] for p in parts if p[3]), None)
@@ -228,18 +231,17 @@ class Engine:
     def hand_over(self, b: int) -> None:
         """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
         share, groups = None, list(range(self.P * (b - 1), self.P * b))
-        ready = self.complete(b) and self.error is None
+        error = self.error or self.turns.error  # the lead's own: a group scored since the agreement may have failed
         if self.lead:
+            ready = self.complete(b) and error is None
             if self.E > 1:  # every engine's share of batch b, or none: their first ranks agree
-                flags = [None] * self.E
-                dist.all_gather_object(flags, ready, group=self.link.leads)
-                ready = all(flags)
+                ready = all(gather(ready, self.link.leads, self.E))
             if ready:
                 share, self.pending[b] = self.turns.batch(groups, self.G, self.link.leads or ALONE)
             if b == 1 and ready and dist.get_rank() == 0:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
-        messages = exchange(self.link, {"batch": share, "error": self.error, "stop": self.stop.received,
+        messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
                                         "probe": self.probe, "loop": self.loop.state})
         if error_in(messages):
             raise RunError(error_in(messages))
@@ -274,7 +276,7 @@ class Engine:
             self.step()
         got = [self.scores.pop(f"probe.{v}.{i}") for i in range(len(self.probe))]
         gap = max(abs(a - b) for g, e in zip(got, header["probe"]) for a, b in zip(g, e))
-        if self.E > 1:  # the worst engine's (a collective over the rollout ranks, each at its own load of v)
+        if self.run.dims.rollout_ranks > 1:  # the worst engine's (a collective over the rollout ranks, at load v)
             gap = all_max(gap)
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
@@ -286,7 +288,7 @@ class Engine:
             error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
                      f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
                      f"holds other weights than the trainers sent (transfer failed)")
-        if self.E > 1:  # every engine evaluates (a collective over them), or none
+        if self.run.dims.rollout_ranks > 1:  # every engine and rank evaluates (a collective over them), or none
             error = first_error(error, self.link.rollout)
         if error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
             self.loop.evaluate(v, metrics)
@@ -336,6 +338,15 @@ class Engine:
         return metrics
 
 
+@watchdog.stage("streaming agreement", waits=True)
+def gather(mine, group, size: int) -> list:
+    """Every rank's `mine` in `group` (an engine's ranks at a step boundary, or the engines' first ranks at a
+    hand-over), in rank order."""
+    parts = [None] * size
+    dist.all_gather_object(parts, mine, group=group)
+    return parts
+
+
 def listen(link: Link) -> threading.Event:
     """rollout.free_loads: set once the trainers say the next version waits. A thread receives it: gloo's
     irecv only completes inside wait(), so polling it from the engine loop would never see it."""
@@ -350,12 +361,14 @@ def listen(link: Link) -> threading.Event:
 
 
 def generate_side(run: Run, link: Link, loop: Loop) -> dict:
-    """Ranks [0, T): the streaming engine (after the resume, or the start-of-run eval), then the loop."""
+    """Ranks [0, R): this rank's streaming engine (after the resume, or the start-of-run eval), then the loop."""
     engine = Engine(run, link, loop)
     loop.begin({})
     if run.resume_from is not None:
         engine.restore(own_state(run))
         receive_weights(run, link)  # the checkpointed weights (logged already)
+        if run.cfg.rollout.free_loads and engine.lead and engine.handed > run.engine.version:
+            engine.waiting = listen(link)  # stopped after handing batch `handed` over: its version is told next
     engine.clock["t"] = time.perf_counter()
     return engine.serve()
 

@@ -1,8 +1,8 @@
 """Agents in streaming (rollout.agent with rollout.stream=true): each sample of an admitted prompt group is the
-recipe's `async def agent(client, row)` run once (rlcore.rollout.agents), on the engine rank's event loop, with its
-own openai client on this rank's endpoint (rlcore.rollout.endpoint). Its calls are its turns: each is a request of
-its own in the streaming engine, seeded turn_seed(seed + j, call) as in colocated and split runs, so a trajectory's
-calls may span versions, and every sampled token carries the version that sampled it.
+recipe's `async def agent(client, row)` run once (rlcore.rollout.agents), on the event loop of its engine's first
+rank, with its own openai client on that rank's endpoint (rlcore.rollout.endpoint). Its calls are its turns: each
+is a request of its own in the streaming engine, seeded turn_seed(seed + j, call) as in colocated and split runs,
+so a trajectory's calls may span versions, and every sampled token carries the version that sampled it.
 
 An agent's next event (its next call, or its end) joins the engine as an environment's answer does
 (rlcore/stream_turns.py), by rollout.schedule:

@@ -1,5 +1,5 @@
 """Streaming's trajectories (the contract is rlcore/stream.py's docstring): every sample of an admitted prompt group is
-a rlcore.rollout.turns.Trajectory that runs turn by turn on the one engine, across versions, with the tokens,
+a rlcore.rollout.turns.Trajectory that runs turn by turn on its engine, across versions, with the tokens,
 masks, seeds and ending rules of turns.py (each turn its own n=1 request seeded turn_seed(seed + j, turn), as in
 rlcore/rollout/continuous.py, whose finish_turn ends a turn here too). Environments run on the engine's first rank,
 on an EnvRunner (rollout.env_workers threads, rollout.env_timeout_s, rollout.turn_deadline_s, max_tool_calls).

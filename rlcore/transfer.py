@@ -27,7 +27,8 @@ class Link:
     headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
     objects: object  # every rank over gloo: batches, errors and stop signals
     leader: int  # R, the first trainer rank: it sends the weights
-    # streaming (rlcore/stream.py), several engines: their first ranks over gloo (the batch's metrics)
+    # streaming (rlcore/stream.py), several engines: their first ranks (the batch's metrics: the default backend, as
+    # `rollout`, since rlcore.collectives' sums are device tensors)
     leads: object = None
     ready: object = None  # rollout.free_loads: rank R and each engine's first rank over gloo, "version v waits"
 
@@ -36,7 +37,7 @@ class Link:
         side, leads = list(range(rollout_ranks)), list(range(0, rollout_ranks, tp))
         return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
                     new_group(list(range(world)), "gloo"), rollout_ranks,
-                    new_group(leads, "gloo") if stream and len(leads) > 1 else None,
+                    new_group(leads) if stream and len(leads) > 1 else None,
                     new_group(leads + [rollout_ranks], "gloo") if free_loads else None)
 
 
