@@ -51,7 +51,8 @@ evaluates, or none. stream/* and the engine side's time/* are the first engine's
 Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
 trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
 the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need.
-Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints hold as above.
+Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints
+hold as above.
 
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
@@ -281,7 +282,7 @@ class Engine:
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
-        error = self.error
+        error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
         if gap > run.cfg.rollout.logprob_diff_threshold:
