@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 def train_side(run: Run, link: Link, loop: Loop) -> None:
     """Ranks [R, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
     steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
+    leads = range(0, run.dims.rollout_ranks, run.dims.tp)  # each engine's first rank: it hands the engine's share over
     probe = None
 
     def agree(mine: dict) -> list[dict]:
@@ -41,7 +42,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         nonlocal probe
         messages = agree({"batch": None, "probe": None})
         probe = messages[0]["probe"]
-        shares = [messages[lead]["batch"] for lead in range(0, run.dims.rollout_ranks, run.dims.tp)]  # per engine
+        shares = [messages[lead]["batch"] for lead in leads]
         batch = my_slice(run, messages, shares) if all(s is not None for s in shares) else None
         if any(m["stop"] for m in messages):
             raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
@@ -73,8 +74,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         header = {"version": t, "metrics": metrics, "error": error,
                   "probe": probe_logprobs(run, probe) if error is None else None}
         # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
-        told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in
-                 range(0, run.dims.rollout_ranks, run.dims.tp)] if link.ready is not None and leader else []
+        told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in leads] \
+            if link.ready is not None and leader else []
         send_weights(run, link, header)
         for sent in told:
             sent.wait()
