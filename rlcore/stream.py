@@ -57,7 +57,9 @@ hold as above.
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
 next token, so each token is sampled by exactly one version over KV of that version (a prefill per running
-request per load). The engine runs without a prefix cache, so no prefix is ever shared across versions.
+request per load). The same reset empties the prefix cache, so between two loads it holds only prefixes the
+engine's current version computed: a group's prompt and a trajectory's earlier turns are read from it, and no
+prefix ever reaches a request of another version.
 
 After each load the engine scores the fixed probe batch beside the requests in flight (prompt logprobs, no
 cached prefix) against the trainers' logprobs: above rollout.logprob_diff_threshold every rank stops (exit 3).

