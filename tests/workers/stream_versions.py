@@ -15,7 +15,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import torch
@@ -36,10 +35,7 @@ def main(model_dir: str, run_dir: str, batch_pt: str, out: str) -> None:
     scores = {}
     for v in versions:
         if v > 0:
-            weights = load_file(str(Path(run_dir) / "hf" / f"step_{v}" / "model.safetensors"))
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
-                                                         "is_checkpoint_format": True})
-            llm.apply_model(redo_cpu_weight_processing)
+            reload(llm, load_file(str(Path(run_dir) / "hf" / f"step_{v}" / "model.safetensors")))
         outs = llm.generate([{"prompt_token_ids": s} for s in seqs],  # prompt logprobs read no cached prefix
                             SamplingParams(temperature=1.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
         scores[v] = [[pos[t].logprob for pos, t in zip(o.prompt_logprobs[1:], s[1:])] for o, s in zip(outs, seqs)]
@@ -52,11 +48,18 @@ def main(model_dir: str, run_dir: str, batch_pt: str, out: str) -> None:
     Path(out).write_text(json.dumps(scores))
 
 
+def reload(llm, weights: dict) -> None:
+    """The weights into the engine in place, as the trainer's transfer does, without touching its prefix cache."""
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
+                                                 "is_checkpoint_format": True})
+    llm.apply_model(redo_cpu_weight_processing)
+
+
 def prefix_check(llm, prefix: list[int], old: dict, new: dict) -> dict:
-    """The engine holds `old`. Returns the sampled logprobs of one request (the prefix's 40 tokens + 1, 4 new tokens, seeded)
-    computed afresh under old ("old") and under new ("fresh"); after `old` cached the prefix and rlcore's load of
-    `new` under a request in flight ("after_load"); again with new's own prefix cached ("hit", with its cached
-    tokens); and after a bare reload of `old` that keeps new's cached prefix ("stale")."""
+    """The engine holds `old`. Returns the sampled logprobs of one request (the prefix + 1 token, 4 new tokens,
+    seeded) computed afresh under old ("old") and under new ("fresh"); after `old` cached the prefix and rlcore's
+    load of `new` under a request in flight ("after_load"); again with new's own prefix cached ("hit", with its
+    cached tokens); and after a bare reload of `old` that keeps new's cached prefix ("stale")."""
     done, cached = {}, {}
 
     def submit(rid: str, last: int, max_tokens: int, seed: int) -> None:
@@ -76,23 +79,19 @@ def prefix_check(llm, prefix: list[int], old: dict, new: dict) -> dict:
                     done[out.request_id] = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]
         return done[rid]
 
-    def bare_reload(weights: dict) -> None:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights.items()),
-                                                     "is_checkpoint_format": True})
-        llm.apply_model(redo_cpu_weight_processing)
-
     llm.reset_prefix_cache()
     got = {"old": run("old", 11)}  # caches the prefix's whole blocks under old
     submit("flying", 12, 20, seed=8)
     for _ in range(3):
         llm.llm_engine.step()
-    RolloutEngine.load(SimpleNamespace(llm=llm, sleep_mode=False, cuda=False), iter(new.items()))  # as a streaming engine loads a version: "flying" is running
+    # rlcore's load, as a streaming engine loads a version: "flying" is running
+    RolloutEngine.load(SimpleNamespace(llm=llm, sleep_mode=False, cuda=False), iter(new.items()))
     got["after_load"] = run("after_load", 11)
     until("flying")
     llm.reset_prefix_cache()
     got["fresh"] = run("fresh", 11)
     got["hit"] = run("hit", 11)
-    bare_reload(old)  # no reset: the prefix cached under new stays
+    reload(llm, old)  # no reset: the prefix cached under new stays
     got["stale"] = run("stale", 11)
     return got | {"cached": cached}
 
