@@ -45,14 +45,13 @@ class AgentTurns(Turns):
     def __init__(self, run: Run):
         super().__init__(run)
         self.agent, self.budget_s, self.lead = run.rollout.envs.agent, 0.0, self.tp_rank == 0
-        self.endpoint = self.http = None
+        self.endpoint = self.clients = None
         if self.lead:
-            from openai import DefaultAsyncHttpxClient
-            from rlcore.rollout.wire import InProcess
+            from rlcore.rollout.wire import Clients
 
             self.endpoint = agent_endpoint(run)
             self.runner = EnvRunner(self.envs.workers)  # the agents' coroutines; env_timeout_s bounds each agent
-            self.http = DefaultAsyncHttpxClient(transport=InProcess(self.endpoint))  # one for the rank's agents
+            self.clients = Clients(self.endpoint)
         self.sessions: dict[Key, Session] = {}
         self.keys: dict[int, Key] = {}  # session index -> its trajectory
         self.requests: dict[str, Request] = {}  # request id -> the agent's call, while it is in the engine
@@ -77,11 +76,7 @@ class AgentTurns(Turns):
                 self.runner.calls[key][0].add_done_callback(lambda _: self.endpoint.wake.set())
 
     async def run_agent(self, x: Trajectory, s: Session):
-        from openai import AsyncOpenAI
-
-        client = AsyncOpenAI(base_url=self.endpoint.base_url, api_key=s.token, max_retries=0,
-                             timeout=self.envs.timeout_s, http_client=self.http)
-        return await self.agent(client, x.row)
+        return await self.agent(self.clients.client(s.token, self.envs.timeout_s), x.row)
 
     def finished(self, rid: str, sample) -> None:
         """A call came back from engine step `tick`: the agent gets it; its next event is due join_steps later

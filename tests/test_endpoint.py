@@ -245,6 +245,61 @@ def test_a_client_of_the_agents_own_reaches_the_same_session_over_http(tok, monk
         [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in over_http]
 
 
+def test_the_handed_client_answers_as_the_openai_client_does(tok, monkeypatch):
+    """The handed client sends a plain call straight to the endpoint (no transport), and what it returns or raises
+    equals what the openai client's own path (taken for a call with extra_headers, through the InProcess
+    transport) returns or raises: the same objects, the same trajectories token for token, the same error class,
+    status and body. A reply message appended as the pydantic object it is stays on the direct path."""
+    transported = []
+    handle = InProcess.handle_async_request
+
+    async def counted(self, request):
+        transported.append(request.url.path)
+        return await handle(self, request)
+    monkeypatch.setattr(InProcess, "handle_async_request", counted)
+    replies = {}
+
+    def agent_of(way):
+        async def agent(client, row):
+            extra = {"extra_headers": {"x-way": way}} if way == "openai" else {}
+            messages = [{"role": "user", "content": row["prompt"]}]
+            if row.get("refused"):  # a 400, 3 calls (the budget), then its 429
+                for n in (2, 1, 1, 1, 1):
+                    try:
+                        await client.chat.completions.create(model=MODEL, messages=messages, n=n, **extra)
+                    except openai.APIStatusError as e:
+                        replies.setdefault(way, []).append(
+                            (type(e), e.status_code, e.body, e.response.headers["x-should-retry"]))
+                return 1.0
+            r1 = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, **extra)
+            call = r1.choices[0].message.tool_calls[0]
+            args = json.loads(call.function.arguments)
+            messages += [r1.choices[0].message if way == "object" else r1.choices[0].message.model_dump(),
+                         {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
+            r2 = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, **extra)
+            text = await client.completions.create(model=MODEL, prompt=row["prompt"], max_tokens=4, **extra)
+            replies[way, row["prompt"]] = [r.model_dump(exclude={"created"}) for r in (r1, r2, text)]
+            return float(r2.choices[0].message.content == row["answer"])
+        return agent
+    runs = {}
+    for way in ("direct", "object", "openai"):
+        transported.clear()
+        trajs, stats, _, endpoint = run(tok, agent_of(way), ROWS + [{"prompt": "1+2=", "refused": True}], max_calls=3)
+        runs[way] = [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward, x.starts) for x in trajs]
+        assert stats.failed == 1 and stats.rewritten == 2 and endpoint.answered == 11  # 3 calls a row, then 5
+        assert len(transported) == (11 if way == "openai" else 0)
+    assert runs["direct"] == runs["object"] == runs["openai"]
+    assert [r[4] for r in runs["direct"]] == [1.0, 1.0, 0.0] and all(len(r[1]) > 10 for r in runs["direct"][:2])
+    for row in ROWS:
+        assert replies["direct", row["prompt"]] == replies["object", row["prompt"]] == replies["openai", row["prompt"]]
+        assert replies["direct", row["prompt"]][1]["choices"][0]["message"]["content"] == row["answer"]
+    assert replies["direct"] == replies["object"] == replies["openai"]
+    assert [e[:2] + e[3:] for e in replies["direct"]] == [(openai.BadRequestError, 400, "false"),
+                                                          (openai.RateLimitError, 429, "false")]
+    assert "n=2 is refused" in replies["direct"][0][2]["message"] and replies["direct"][1][2]["code"] == \
+        "budget_exceeded"
+
+
 def test_the_token_is_required_and_per_trajectory(tok):
     """No token or a wrong token: 401; another trajectory's token reaches only that trajectory."""
     endpoint = Endpoint(tok, 1.0, 16, 96, 4)

@@ -41,7 +41,7 @@ from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
 from rlcore.rollout.endpoint import Endpoint
-from rlcore.rollout.wire import InProcess
+from rlcore.rollout.wire import Clients
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
 
@@ -79,21 +79,15 @@ def reward_of(value) -> float:
 def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory], temperature: float,
             timeout_s: float, workers: int, tp_rank: int, tp_group) -> AgentStats:
     """Run every trajectory's agent to its end; fills each of this rank's trajectories from its recorded calls."""
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-
     t0 = time.perf_counter()
     stats, runner, tag = AgentStats(), EnvRunner(workers), next(_rollouts)
     live: dict[str, Request] = {}  # request id -> the request, for requests in the engine (the same on every rank)
     sessions: dict[int, Session] = {}
 
-    # One HTTP client for the rank's agents: a client of its own costs ~25 ms (an SSL context), and the session
-    # is the token, not the connection. Its transport hands each request to the endpoint in process (InProcess).
-    http = DefaultAsyncHttpxClient(transport=InProcess(endpoint))
+    clients = Clients(endpoint)  # one client per trajectory: its token is its session
 
     async def run_agent(x: Trajectory, s: Session):
-        client = AsyncOpenAI(base_url=endpoint.base_url, api_key=s.token, max_retries=0, timeout=timeout_s,
-                             http_client=http)
-        return await agent(client, x.row)
+        return await agent(clients.client(s.token, timeout_s), x.row)
 
     for i, x in enumerate(trajs):
         if x.owner == tp_rank:
@@ -156,7 +150,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
     finally:
         if runner.loop is not None:
             try:
-                asyncio.run_coroutine_threadsafe(http.aclose(), runner.loop).result(timeout=5)
+                asyncio.run_coroutine_threadsafe(clients.http.aclose(), runner.loop).result(timeout=5)
             except TimeoutError:  # an agent blocks the event loop: the pool goes with the process
                 pass
         runner.close()

@@ -9,6 +9,14 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx2  # the openai client's HTTP library
+import pydantic
+from openai import AsyncOpenAI, NotGiven, Omit
+from openai._compat import cached_property
+from openai.resources.chat import AsyncChat
+from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
+from openai.resources.completions import AsyncCompletions
+from openai.types import Completion
+from openai.types.chat import ChatCompletion
 
 
 def serve(endpoint) -> ThreadingHTTPServer:
@@ -32,8 +40,13 @@ class InProcess(httpx2.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         status, payload = await self.endpoint.ahandle(request.method, request.url.path,
                                                       request.headers.get("Authorization", ""), await request.aread())
-        headers = {"Content-Type": "application/json"} | ({"x-should-retry": "false"} if status >= 400 else {})
-        return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode(), request=request)
+        return response(status, payload, request)
+
+
+def response(status: int, payload: dict, request: httpx2.Request) -> httpx2.Response:
+    """The endpoint's answer as an httpx response, with the HTTP server's headers."""
+    headers = {"Content-Type": "application/json"} | ({"x-should-retry": "false"} if status >= 400 else {})
+    return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode(), request=request)
 
 
 class _Server(ThreadingHTTPServer):
@@ -68,3 +81,100 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         self._answer("GET")
+
+
+
+class Clients:
+    """The clients of one rank's agents, one per trajectory (its token is its session). They share one HTTP
+    client (a client of its own costs ~25 ms: an SSL context) whose transport is InProcess, and the base URL,
+    parsed once (httpx parses a URL in ~0.1 ms)."""
+
+    def __init__(self, endpoint):  # rlcore.rollout.endpoint.Endpoint
+        from openai import DefaultAsyncHttpxClient
+
+        self.endpoint = endpoint
+        self.http = DefaultAsyncHttpxClient(transport=InProcess(endpoint))
+        self.url = httpx2.URL(f"{endpoint.base_url}/")
+
+    def client(self, token: str, timeout_s: float) -> Client:
+        return Client(self, token, timeout_s)
+
+
+class Client(AsyncOpenAI):
+    """The client rlcore hands an agent: an `openai.AsyncOpenAI` whose chat.completions.create and
+    completions.create send a plain request straight to Endpoint.ahandle (the same body, bearer token and
+    answer as over the wire) and build the response object as the openai client does, status errors included.
+    The openai client's own path spends ~0.8 ms of CPU a call turning typed parameters into a body, the body
+    into an httpx request and the answer into objects; this one ~0.1 ms, on the core the engine runs on. A call
+    that is not plain (extra_headers / extra_body / extra_query, a timeout, a value that is neither JSON nor a
+    pydantic object) and everything else the client does (with_raw_response, other routes) takes the openai
+    client's own path, through the InProcess transport."""
+
+    def __init__(self, clients: Clients, token: str, timeout_s: float):
+        super().__init__(base_url=clients.url, api_key=token, max_retries=0, timeout=timeout_s,
+                         http_client=clients.http)
+        self._endpoint = clients.endpoint
+
+    @cached_property
+    def chat(self) -> _Chat:
+        return _Chat(self)
+
+    @cached_property
+    def completions(self) -> _TextCompletions:
+        return _TextCompletions(self)
+
+    async def _direct(self, route: str, body: bytes, cast_to: type):
+        status, payload = await self._endpoint.ahandle("POST", f"/v1{route}", f"Bearer {self.api_key}", body)
+        if status >= 400:  # the openai client's own error (BadRequestError, ...), from the same answer
+            raise self._make_status_error_from_response(
+                response(status, payload, httpx2.Request("POST", f"{self.base_url}{route.lstrip('/')}")))
+        return cast_to.model_validate(payload)  # equal to the openai client's construct_type, 13x faster
+
+
+def plain(kwargs: dict, needs: str) -> bytes | None:
+    """The JSON body of a create call's keyword arguments, or None when the openai client must build it: an
+    option of its own (extra_*, timeout), a value that is neither JSON nor a pydantic object, or a required
+    argument missing."""
+    body = {}
+    for key, value in kwargs.items():
+        if isinstance(value, (Omit, NotGiven)):
+            continue
+        if key.startswith("extra_") or key == "timeout":
+            return None
+        body[key] = value
+    if "model" not in body or needs not in body:
+        return None
+    try:
+        return json.dumps(body, default=_model).encode()
+    except (TypeError, ValueError):  # a generator, a date, ...: the openai client transforms these
+        return None
+
+
+def _model(value):
+    """A pydantic object in the arguments (an agent appends the reply's message to its messages) as the openai
+    client sends it."""
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(exclude_unset=True, mode="json", exclude=getattr(value, "__api_exclude__", None))
+    raise TypeError(type(value).__name__)
+
+
+class _ChatCompletions(AsyncChatCompletions):
+    async def create(self, **kwargs):
+        body = plain(kwargs, "messages")
+        if body is None:
+            return await super().create(**kwargs)
+        return await self._client._direct("/chat/completions", body, ChatCompletion)
+
+
+class _Chat(AsyncChat):
+    @cached_property
+    def completions(self) -> _ChatCompletions:
+        return _ChatCompletions(self._client)
+
+
+class _TextCompletions(AsyncCompletions):
+    async def create(self, **kwargs):
+        body = plain(kwargs, "prompt")
+        if body is None:
+            return await super().create(**kwargs)
+        return await self._client._direct("/completions", body, Completion)
