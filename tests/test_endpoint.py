@@ -300,6 +300,27 @@ def test_the_handed_client_answers_as_the_openai_client_does(tok, monkeypatch):
         "budget_exceeded"
 
 
+def test_tool_answers_that_differ_only_in_their_ids_share_one_render(tok, monkeypatch):
+    """ChatML does not write a tool message's tool_call_id, so a group's trajectories that get the same tool
+    answer (under their own call ids) share its render; a template that writes the id renders each apart."""
+    import copy
+    writes_ids = copy.copy(tok)
+    writes_ids.chat_template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{% if m.tool_call_id "
+                                "%} [{{ m.tool_call_id }}]{% endif %}<|im_end|>\n{% endfor %}"
+                                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    assert not chat.renders_tool_call_ids(tok) and chat.renders_tool_call_ids(writes_ids)
+    renders = []
+    observation_ids = chat.observation_ids
+
+    def counted(tokenizer, messages):
+        renders.append(messages[0]["tool_call_id"])
+        return observation_ids(tokenizer, messages)
+    monkeypatch.setattr(chat, "observation_ids", counted)
+    trajs, stats, _, _ = run(tok, tool_agent, [ROWS[0]] * 3)
+    assert stats.calls == 6 and [x.env_reward for x in trajs] == [1.0] * 3
+    assert len(renders) == 1 and len({tuple(x.tokens) for x in trajs}) == 1  # 3 call ids, one render
+
+
 def test_the_token_is_required_and_per_trajectory(tok):
     """No token or a wrong token: 401; another trajectory's token reaches only that trajectory."""
     endpoint = Endpoint(tok, 1.0, 16, 96, 4)

@@ -16,6 +16,8 @@ template is prefix-preserving; `check_prefix_preserving` tests that once at star
 """
 from __future__ import annotations
 
+import functools
+
 from jinja2 import TemplateError
 
 _DUMMY = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
@@ -42,19 +44,38 @@ def _assistant_end(tokenizer, messages: list[dict]) -> tuple[list[int], int]:
     return ids, _turn_end(tokenizer, ids, len(_render(tokenizer, messages[:-1], generation_prompt=True)))
 
 
+@functools.lru_cache(maxsize=8)
+def _dummy_end(tokenizer, template: str | None) -> tuple[tuple[int, ...], int]:
+    """_assistant_end of the dummy conversation, once per tokenizer and template (two renders every observation
+    would otherwise repeat)."""
+    ids, end = _assistant_end(tokenizer, _DUMMY)
+    return tuple(ids), end
+
+
 def end_of_turn_id(tokenizer) -> int:
     """The token that ends an assistant turn in the chat template (<|im_end|> for ChatML): a turn's stop token."""
     ids, end = _assistant_end(tokenizer, _DUMMY)
     return ids[end - 1]
 
 
+def renders_tool_call_ids(tokenizer) -> bool:
+    """Whether the chat template writes a tool message's tool_call_id (ChatML's does not): when it does not, tool
+    answers that differ only in their ids render to the same tokens. A template that cannot say: True."""
+    def render(call_id: str) -> list[int]:
+        return _render(tokenizer, _DUMMY + [{"role": "tool", "tool_call_id": call_id, "content": "1"}], True)
+    try:
+        return render("call_0") != render("call_1")
+    except (TemplateError, KeyError, TypeError, ValueError):
+        return True
+
+
 def observation_ids(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids to append after a model turn that ended with the end-of-turn token, so that `messages`
     (e.g. [{"role": "tool", "content": "42"}]) render as chat turns followed by the assistant's generation
     prompt. Only the new suffix is rendered, against a dummy conversation; the model's tokens are untouched."""
-    before, end = _assistant_end(tokenizer, _DUMMY)
+    before, end = _dummy_end(tokenizer, tokenizer.chat_template)
     after = _render(tokenizer, _DUMMY + list(messages), generation_prompt=True)
-    if after[:end] != before[:end]:
+    if tuple(after[:end]) != before[:end]:
         raise ValueError("the chat template re-renders earlier turns when messages are appended; "
                          "see rlcore.rollout.chat.check_prefix_preserving")
     return after[end:]

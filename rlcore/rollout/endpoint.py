@@ -91,6 +91,9 @@ class Endpoint:
         self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
         self.max_len, self.max_calls, self.parse = max_len, max_calls, PARSERS[tool_format]
         self.turn_end = chat.end_of_turn_id(tokenizer) if getattr(tokenizer, "chat_template", None) else None
+        # renders are cached by their messages, and the tool_call_ids left out of the key when the template
+        # does not write them: a group's trajectories then share their tool answers' renders too
+        self.ids_rendered = self.turn_end is None or chat.renders_tool_call_ids(tokenizer)
         self.ends = {i for i in (tokenizer.eos_token_id, self.turn_end) if i is not None}
         self.sessions: dict[str, Session] = {}
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
@@ -267,23 +270,25 @@ class Endpoint:
 
     def _chat_ids(self, s: Session, messages: list[dict], norm: list[tuple], tools) -> list[int]:
         """The call's prompt ids: the last call's ids extended by the new messages, or a fresh render. Renders are
-        cached by their messages: a group's G trajectories send the same first messages, and the template's
-        output depends on nothing else."""
+        cached by their messages (and tools): a group's G trajectories send the same first messages, and the
+        template's output depends on nothing else."""
         if s.last is not None:
             before, reply, last_tools, last_ids = s.last
             k = len(before)
             if tools == last_tools and len(norm) > k + 1 and norm[:k] == before and norm[k] == reply:
                 new = [template_message(m) for m in messages[k + 1:]]
-                return last_ids + self._cached(("obs", json.dumps(new, sort_keys=True)),
-                                               lambda: chat.observation_ids(self.tokenizer, new))
+                return last_ids + self._cached("obs", new, None, lambda: chat.observation_ids(self.tokenizer, new))
         whole = [template_message(m) for m in messages]
 
         def render() -> list[int]:
             ids = self.tokenizer.apply_chat_template(whole, tools=tools, add_generation_prompt=True, tokenize=True)
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        return list(self._cached(("chat", json.dumps([whole, tools], sort_keys=True)), render))
+        return self._cached("chat", whole, tools, render)
 
-    def _cached(self, key: tuple, render) -> list[int]:
+    def _cached(self, kind: str, messages: list[dict], tools, render) -> list[int]:
+        if not self.ids_rendered:
+            messages = [{k: v for k, v in m.items() if k != "tool_call_id"} for m in messages]
+        key = kind, json.dumps([messages, tools], sort_keys=True)
         ids = self.renders.get(key)
         if ids is None:
             if len(self.renders) >= RENDERS_KEPT:
