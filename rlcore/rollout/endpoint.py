@@ -8,9 +8,10 @@ trains with rlcore (rollout.agent; the loop that feeds the engine is rlcore.roll
 A stdlib HTTP server on 127.0.0.1 (a random port), one per rank. Each trajectory gets its own random bearer
 token: it is both the password (other users of a shared node cannot reach the engine) and the session (which
 trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
-The clients rlcore hands its agents skip the sockets (rlcore.rollout.wire.InProcess: the same request, headers and answer, handled
-on the agent's event loop by `ahandle`); over HTTP a server thread blocks in `handle`. Both run `start` (check,
-render, queue the engine call), wait for the engine, then `finish` (the sample -> the answer).
+The clients rlcore hands its agents skip the sockets (rlcore.rollout.wire.Client: the same body, bearer token
+and answer, handled on the agent's event loop by `ahandle`); over HTTP a server thread blocks in `handle`. Both
+run `start` (check, render, queue the engine call), wait for the engine, then `finish` (the sample -> the
+answer).
 
 Token ids, never re-rendered. The server renders a chat call to token ids itself and records, per session,
 every call's exact prompt ids, the completion ids the engine sampled and their logprobs. When a call's

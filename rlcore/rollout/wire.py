@@ -1,6 +1,6 @@
-"""The agent endpoint's two ways in (rlcore.rollout.endpoint): the loopback HTTP server, one per rank, and the
-in-process transport of the clients rlcore hands its agents. Both carry the same request, headers (the bearer
-token) and answer; the endpoint does the rest.
+"""The agent endpoint's ways in (rlcore.rollout.endpoint): the loopback HTTP server, one per rank, for any client;
+and the clients rlcore hands its agents (Client), which call the endpoint in process, straight or through an
+httpx transport (InProcess). All carry the same body, bearer token and answer; the endpoint does the rest.
 """
 from __future__ import annotations
 
