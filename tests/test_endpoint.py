@@ -300,6 +300,35 @@ def test_the_handed_client_answers_as_the_openai_client_does(tok, monkeypatch):
         "budget_exceeded"
 
 
+def test_copies_of_the_handed_client_keep_its_session(tok, monkeypatch):
+    """client.with_options(...) (the openai client's copy) keeps the trajectory's token and endpoint: a copy that
+    changes only client options (timeout, retries) stays on the direct path, one that changes the default
+    headers takes the openai client's own path; both reach the same session, token for token."""
+    transported = []
+    handle = InProcess.handle_async_request
+
+    async def counted(self, request):
+        transported.append(request.headers.get("x-copy"))
+        return await handle(self, request)
+    monkeypatch.setattr(InProcess, "handle_async_request", counted)
+
+    def agent_of(options):
+        async def agent(client, row):
+            copy = client.with_options(**options)
+            assert type(copy) is type(client) and copy.api_key == client.api_key
+            return await tool_agent(copy, row)
+        return agent
+    runs = {}
+    for name, options in (("plain", {}), ("options", {"timeout": 5.0, "max_retries": 1}),
+                          ("headers", {"default_headers": {"x-copy": "1"}})):
+        transported.clear()
+        trajs, stats, _, _ = run(tok, agent_of(options), ROWS)
+        assert stats.failed == 0 and stats.calls == 4
+        assert transported == (["1"] * 4 if name == "headers" else [])
+        runs[name] = [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward) for x in trajs]
+    assert runs["plain"] == runs["options"] == runs["headers"] and [r[4] for r in runs["plain"]] == [1.0, 1.0]
+
+
 def test_tool_answers_that_differ_only_in_their_ids_share_one_render(tok, monkeypatch):
     """ChatML does not write a tool message's tool_call_id, so a group's trajectories that get the same tool
     answer (under their own call ids) share its render; a template that writes the id renders each apart."""
