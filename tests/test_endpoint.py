@@ -11,7 +11,7 @@ import torch
 
 from rlcore.rollout import agents, chat
 from rlcore.rollout.endpoint import MODEL, Endpoint
-from rlcore.rollout.wire import InProcess
+from rlcore.rollout.wire import Clients, InProcess
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.engine import Sample
 from rlcore.rollout.turns import Trajectory, to_batch
@@ -357,10 +357,12 @@ def test_the_token_is_required_and_per_trajectory(tok):
         s = endpoint.open(0)
 
         async def main():
-            for key in ("", "not-a-token", s.token[:-1] + "x"):
-                for http in (None, openai.DefaultAsyncHttpxClient(transport=InProcess(endpoint))):  # HTTP, in process
-                    c = openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0,
-                                           http_client=http)
+            near = s.token[:-1] + ("y" if s.token.endswith("x") else "x")  # one character off (never the token)
+            for key in ("", "not-a-token", near):
+                clients = [openai.AsyncOpenAI(base_url=endpoint.base_url, api_key=key or "unused", max_retries=0,
+                                              timeout=10, http_client=http)
+                           for http in (None, openai.DefaultAsyncHttpxClient(transport=InProcess(endpoint)))]
+                for c in clients + [Clients(endpoint).client(key or "unused", 10)]:  # HTTP, in process, handed
                     with pytest.raises(openai.AuthenticationError) as e:
                         await c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "1+2="}])
                     assert e.value.status_code == 401 and "bearer token" in e.value.body["message"]
