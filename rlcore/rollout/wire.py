@@ -83,7 +83,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer("GET")
 
 
-
 class Clients:
     """The clients of one rank's agents, one per trajectory (its token is its session). They share one HTTP
     client (a client of its own costs ~25 ms: an SSL context) whose transport is InProcess, and the base URL,
