@@ -168,12 +168,17 @@ def _model(value):
     raise TypeError(type(value).__name__)
 
 
+async def direct_or_own(resource, own, kwargs: dict, needs: str, route: str, cast_to: type):
+    """A create call of a Client's resource: direct when it is plain, else the openai client's own `own`."""
+    body = plain(kwargs, needs) if resource._client._endpoint is not None else None
+    if body is None:
+        return await own(**kwargs)
+    return await resource._client._direct(route, body, cast_to)
+
+
 class _ChatCompletions(AsyncChatCompletions):
     async def create(self, **kwargs):
-        body = plain(kwargs, "messages") if self._client._endpoint is not None else None
-        if body is None:
-            return await super().create(**kwargs)
-        return await self._client._direct("/chat/completions", body, ChatCompletion)
+        return await direct_or_own(self, super().create, kwargs, "messages", "/chat/completions", ChatCompletion)
 
 
 class _Chat(AsyncChat):
@@ -184,7 +189,4 @@ class _Chat(AsyncChat):
 
 class _TextCompletions(AsyncCompletions):
     async def create(self, **kwargs):
-        body = plain(kwargs, "prompt") if self._client._endpoint is not None else None
-        if body is None:
-            return await super().create(**kwargs)
-        return await self._client._direct("/completions", body, Completion)
+        return await direct_or_own(self, super().create, kwargs, "prompt", "/completions", Completion)
