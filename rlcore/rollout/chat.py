@@ -54,7 +54,7 @@ def _dummy_end(tokenizer, template: str | None) -> tuple[tuple[int, ...], int]:
 
 def end_of_turn_id(tokenizer) -> int:
     """The token that ends an assistant turn in the chat template (<|im_end|> for ChatML): a turn's stop token."""
-    ids, end = _assistant_end(tokenizer, _DUMMY)
+    ids, end = _dummy_end(tokenizer, tokenizer.chat_template)
     return ids[end - 1]
 
 
