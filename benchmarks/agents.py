@@ -48,8 +48,9 @@ def worker(args) -> None:
     from transformers import AutoTokenizer
 
     from rlcore.config import Config, ModelConfig, RolloutConfig
-    from rlcore.parallel import ParallelDims, build_meshes, init_distributed
-    from rlcore.rollout import RolloutEngine, continuous
+    from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+    from rlcore.engine import RolloutEngine
+    from rlcore.rollout import continuous
     from rlcore.rollout.envs import make_envs
     from rlcore.rollout.turns import Trajectory, rollout
 

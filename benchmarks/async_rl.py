@@ -80,7 +80,7 @@ def digit_share(prompts, completions, transcripts=None, **_) -> list[float]:
 
 def data_file(latency_ms: tuple[float, float] | None = None) -> Path:
     """The 8 prompts with their turn targets (and tool latency), written once into the rlcore cache."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     name = f"async-rl-data-t{'-'.join(map(str, TARGETS))}" + (
         f"-{latency_ms[0]:g}-{latency_ms[1]:g}ms" if latency_ms else "")
 

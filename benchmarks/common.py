@@ -1,6 +1,6 @@
 """What the benchmarks share: the machine line, a RESULTS.md section, medians, and random-init models by size.
 
-Models are random-init Qwen2 with the demo's character tokenizer (rlcore.tiny), built once into
+Models are random-init Qwen2 with the demo's character tokenizer (rlcore.tasks.tiny), built once into
 $RLCORE_CACHE/bench-<size> (local; nothing is downloaded). `vocab` widens the vocabulary (to measure logits
 memory at a real vocabulary size); the extra ids are never produced by the tokenizer.
 """
@@ -60,7 +60,7 @@ def write_section(title: str, command: str, lines: list[str]) -> str:
 def model_shape(size: str, vocab: int | None = None, max_positions: int = 1024):
     from transformers import Qwen2Config
 
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     if size not in SIZES:
         raise ValueError(f"unknown benchmark model size {size!r}; valid: {', '.join(SIZES)}")
     hidden, layers, heads, kv, inter = SIZES[size]
@@ -75,7 +75,7 @@ def random_model(size: str, vocab: int | None = None, max_positions: int = 1024,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     config = model_shape(size, vocab, max_positions)
 
     def build(out: Path) -> None:

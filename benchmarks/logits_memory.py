@@ -3,7 +3,7 @@
     python benchmarks/logits_memory.py                      # 3M model at vocab 32768, 8 x 512 tokens
     python benchmarks/logits_memory.py --vocab 65536 --rounds 3 --write
 
-Calls rlcore.models.token_logprobs directly on a random-init Qwen2 (common.random_model, the vocabulary
+Calls rlcore.models.build.token_logprobs directly on a random-init Qwen2 (common.random_model, the vocabulary
 widened to --vocab), fp32, sdpa, temperature 1, in one process per measurement:
   forward           no_grad, logprobs only (the trainer's old / reference logprobs pass)
   forward+backward  logprobs and entropy, backward of their sum (the update's pass)
@@ -37,9 +37,9 @@ def worker(args) -> None:
 
     import torch
 
-    from rlcore import models
+    from rlcore.models import build as models
     from rlcore.config import ModelConfig
-    from rlcore.metrics import reset_peak_memory
+    from rlcore.outputs.metrics import reset_peak_memory
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     model = models.load_causal_lm(ModelConfig(path=str(common.random_model(args.size, vocab=args.vocab))))

@@ -13,7 +13,7 @@ The contenders alternate within each round (full, adapter, merged, full, ...) so
 Step 1 is warm-up; each number is the median over steps 2..N of all rounds of a contender.
 
 Optimizer state is computed, not measured: AdamW keeps m and v in fp32, 8 bytes per trained parameter (all
-P for full fine-tuning, the adapters' r * sum(in + out) per layer with LoRA; rlcore.plan.Shapes).
+P for full fine-tuning, the adapters' r * sum(in + out) per layer with LoRA; rlcore.preflight.plan.Shapes).
 Peak memory is the per-rank resident peak (VmHWM) of the train phase (logprobs + update + sync), the larger of
 the two ranks, as the trainer logs it (memory/train_peak_gb): the CPU runtime and vLLM's KV cache included.
 """
@@ -37,7 +37,7 @@ RANK = 16  # recipe=demo_lora's lora.rank; the sync-bytes goal is stated at r=16
 
 def optimizer_bytes(model_dir: Path, lora: bool) -> int:
     """AdamW m + v in fp32 over the trained parameters (all of them, or the LoRA adapters only)."""
-    from rlcore import plan
+    from rlcore.preflight import plan
     from rlcore.config import LoraConfig
 
     if not lora:

@@ -1,4 +1,4 @@
-"""Padded vs packed micro-batches: train tokens/s and peak memory of the real update (rlcore.update.update).
+"""Padded vs packed micro-batches: train tokens/s and peak memory of the real update (rlcore.train.update.update).
 
     python benchmarks/packing.py                       # 3M model, padded (8 rows) vs packed (4096 tokens)
     python benchmarks/packing.py --size 25M --rounds 2 --budgets 0,4096,4096:onerow --write
@@ -56,15 +56,16 @@ def worker(args) -> None:
     """One contender in this process: warm-up, then timed updates; prints one JSON line."""
     import torch
 
-    from rlcore import forward, models, update
+    from rlcore.models import build as models
+    from rlcore.train import forward, update
     from rlcore.run import Trainer
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import ModelConfig, OptimConfig, RolloutConfig, TrainConfig, Config
-    from rlcore.parallel import init_distributed
+    from rlcore.distributed.parallel import init_distributed
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.one_row:  # the packing before split rows: every micro-batch one long packed row
-        from rlcore import packing
+        from rlcore.train import packing
         whole = packing.pack
         packing.pack = lambda input_ids, attention_mask, split=False: whole(input_ids, attention_mask)
     init_distributed()  # world size 1, gloo: update.py's collectives need a group
@@ -114,7 +115,7 @@ def main() -> None:
     p.add_argument("--sequences", type=int, default=32)
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--budgets", default="0,4096", help="comma-separated; 0 = padded micro-batches; "
-                   "BUDGET:onerow = packed into one long row per micro-batch (rlcore.packing.pack split=False)")
+                   "BUDGET:onerow = packed into one long row per micro-batch (rlcore.train.packing.pack split=False)")
     p.add_argument("--rounds", type=int, default=3, help="A B A B rounds, one process per contender per round")
     p.add_argument("--repeats", type=int, default=2, help="timed updates per process (after one warm-up)")
     p.add_argument("--profile", action="store_true")

@@ -37,7 +37,7 @@ class FixedPrompts:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--size", default="demo", help="demo (rlcore.tiny's model) or a common.SIZES name")
+    p.add_argument("--size", default="demo", help="demo (rlcore.tasks.tiny's model) or a common.SIZES name")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10)
@@ -49,7 +49,7 @@ def main() -> None:
     from vllm import SamplingParams
 
     from rlcore import trainer
-    from rlcore.cli import load_recipe
+    from rlcore.config.cli import load_recipe
     from rlcore.rollout.collect import collect, rollout_seed
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -100,7 +100,7 @@ def main() -> None:
             results[k].append(f())
     tokens = {k: {r[1] for r in v} for k, v in results.items()}
     print(tokens, flush=True)
-    model = "the demo model (rlcore.tiny, 0.3M parameters)" if args.size == "demo" else \
+    model = "the demo model (rlcore.tasks.tiny, 0.3M parameters)" if args.size == "demo" else \
         f"random-init Qwen2 {args.size} ({common.param_count(Path(cfg.model.path)) / 1e6:.1f}M parameters)"
     lines = [f"Model: {model}, fp32, vLLM CPU engine (enforce_eager), TP 1, world size 1. {len(rows)} prompts x {G} "
              f"samples, max {cfg.rollout.max_new_tokens} new tokens, temperature {cfg.rollout.temperature}, the same "

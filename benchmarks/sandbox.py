@@ -8,7 +8,7 @@ Per round, alternating, each contender runs `--calls` executions of `print(1 + 1
   cold  a new Sandbox(workers=1) per call: a fresh `python -I` worker with the same setup (namespaces, user
         drop, limits, the worker's self-test), one execution, close; what a sandbox without a pool pays per call
 A warm call is itself a fresh process tree (zygote fork, PID/mount/IPC namespaces, tmpfs, /proc): see
-rlcore/sandbox_zygote.py.
+rlcore/sandbox/zygote.py.
 executions/s is calls / wall time of the round (median over rounds); latency is each call's wall time as the
 caller saw it (p50/p99 over all rounds; with 2 threads on 2 workers, contention included). Every result must
 be "2\n", or the benchmark stops. Also one thread on the warm pool: the per-call overhead without contention.

@@ -45,7 +45,7 @@ def no_eos_model(size: str) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     source = random_model(size)
 
     def build(out: Path) -> None:

@@ -43,7 +43,7 @@ def config():
     a class, which only a recipe can set)."""
     from pathlib import Path
 
-    from rlcore.cli import load_recipe
+    from rlcore.config.cli import load_recipe
     cfg = load_recipe("tooladd", Path(__file__).resolve().parents[1] / "recipes")
     cfg.name, cfg.rollout.env, cfg.data.eval_path = "tooladd-slow", SlowAdder, ""
     return cfg

@@ -11,7 +11,7 @@ Relaunches itself under torchrun. Per size, in one run and alternating, each rep
   stream        the trainer side alone: all-gather every FSDP2 unit and copy it out (no engine)
   sync          RolloutEngine.sync_weights, overlapped (the default): stream + the engine's load + reprocessing
   sync-serial   the same with each unit's all-gather started only after the previous unit was handed over
-With --split (the split mesh, rlcore/split.py, rollout.ranks = nproc - 1: ranks [0, R) engines, rank R the
+With --split (the split mesh, rlcore/modes/split.py, rollout.ranks = nproc - 1: ranks [0, R) engines, rank R the
 trainer, here holding the whole model in its own one-rank FSDP group), also:
   bcast         one broadcast of the same bytes from rank R to the rollout ranks (the transfer group): the floor
   xfer          transfer.send_weights / receive_weights with the engine's load replaced by draining the stream:
@@ -38,11 +38,11 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from rlcore import models
+    from rlcore.models import build as models
     from rlcore.config import Config, ModelConfig, RolloutConfig
-    from rlcore.parallel import ParallelDims, build_meshes, init_distributed
-    from rlcore.rollout import RolloutEngine
-    from rlcore.weights import checkpoint_weights
+    from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+    from rlcore.engine import RolloutEngine
+    from rlcore.models.weights import checkpoint_weights
 
     init_distributed()
     rank = dist.get_rank()
@@ -111,8 +111,9 @@ def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    from rlcore import models, transfer
-    from rlcore.parallel import ParallelDims, build_meshes
+    from rlcore.models import build as models
+    from rlcore.modes import transfer
+    from rlcore.distributed.parallel import ParallelDims, build_meshes
     R = world - 1
     trainer_mesh, _ = build_meshes(ParallelDims(world, 1, R))  # collective: the trainers' own FSDP group
     link = transfer.Link.make(R, world)

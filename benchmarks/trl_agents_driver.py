@@ -193,7 +193,7 @@ def main() -> None:
             rewards_seen.clear()
             turns_seen.clear()
 
-    # rlcore's optimizer and schedule (rlcore.models.build_optimizer): AdamW, warmup (step + 1) / 5, then constant.
+    # rlcore's optimizer and schedule (rlcore.models.build.build_optimizer): AdamW, warmup (step + 1) / 5, then constant.
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))
     if args.vllm:

@@ -117,7 +117,7 @@ def main() -> None:
                 timers[k] = 0.0
             rewards_seen.clear()
 
-    # rlcore's optimizer and schedule (rlcore.models.build_optimizer): AdamW, warmup (step + 1) / 5, then
+    # rlcore's optimizer and schedule (rlcore.models.build.build_optimizer): AdamW, warmup (step + 1) / 5, then
     # constant. HF's "constant_with_warmup" would start one step lower (0 at the first step).
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / 5))

@@ -65,10 +65,10 @@ def locked(path: str):
 
 
 def model_for(size: str, max_new_tokens: int) -> tuple[Path, str]:
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     if size == "demo":
         tiny.prepare()
-        return tiny.model_dir(), "the demo model (rlcore.tiny, 0.3M params, SFT warm start)"
+        return tiny.model_dir(), "the demo model (rlcore.tasks.tiny, 0.3M params, SFT warm start)"
     positions = 1024 if MAX_PROMPT_TOKENS + max_new_tokens <= 1024 else 2048
     if size == "50M":
         positions = 512
@@ -98,7 +98,7 @@ def run_rlcore(args, model: Path, out: Path) -> list[dict]:
 
 
 def run_trl(args, model: Path, out: Path, vllm: bool) -> list[dict]:
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     prompts, new_tokens, micro = args.settings
     cmd = [str(trl_env.venv_python()), str(ROOT / "benchmarks" / "trl_driver.py"), "--model", str(model),
            "--train", str(tiny.train_file()), "--out", str(out / "rows.jsonl"), "--steps", str(args.steps),

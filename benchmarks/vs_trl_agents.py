@@ -89,7 +89,7 @@ GOAL_VS_TRL, GOAL_VS_LOCKSTEP = 0.5, 0.6  # continuous step / TRL step; continuo
 def rl_start(steps: int) -> Path:
     """tooladd's warm start after `steps` steps of recipes/tooladd.py as written (rlcore, lockstep): a model that
     calls the tool on most samples, built once into the rlcore cache. 0: the warm start itself (~1 call in 10)."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     from rlcore.tasks import tooladd
     tooladd.prepare()
     if steps == 0:

@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import checkpoint, export, lora  # noqa: E402
+from rlcore.models import lora# noqa: E402
+from rlcore.outputs import checkpoint, export
 from rlcore.config import LoraConfig  # noqa: E402
 
 

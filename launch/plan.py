@@ -8,7 +8,7 @@
     python launch/plan.py recipe=grpo --help                                # and every config key of the recipe
 
 No process group, no GPU and no weights: model shapes come from each config.json (a local folder or the
-hub cache); formulas in rlcore/plan.py. A split mesh (rollout.ranks=R > 0) has a rollout bar (ranks [0, R))
+hub cache); formulas in rlcore/preflight/plan.py. A split mesh (rollout.ranks=R > 0) has a rollout bar (ranks [0, R))
 and a trainer bar (the other ranks) instead. The same plan from the training entry point:
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
 Exit codes: 0 the plan fits; 1 a bar does not fit (the last line names it and the levers); 2 bad input.
@@ -24,8 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import config_help, plan  # noqa: E402
-from rlcore.cli import parse_argv  # noqa: E402
+from rlcore.config import help as config_help# noqa: E402
+from rlcore.preflight import plan
+from rlcore.config.cli import parse_argv  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -12,19 +12,19 @@ Continue a stopped run (newest complete checkpoint in runs/<name>/checkpoints/):
 Slurm, multi-node (requeued on preemption, resumes by itself):
     sbatch --nodes 4 launch/slurm.sbatch recipe=grpo optim.lr=5e-7
 
-Print the launch plan (mesh, models, per-GPU memory; rlcore/plan.py) on rank 0 and exit 0, starting nothing:
+Print the launch plan (mesh, models, per-GPU memory; rlcore/preflight/plan.py) on rank 0 and exit 0, starting nothing:
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
 Every config key of a recipe (type, the recipe's value after any overrides, what it means), starting nothing:
     python launch/train.py recipe=grpo --help
 
 Other libraries' warnings, deprecation notices and progress bars (vLLM, torch, transformers, datasets) are hidden,
-their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows them (rlcore/library_logs.py).
+their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows them (rlcore/outputs/library_logs.py).
 
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
 (its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
 Exit codes (of every rank): 0 done; 2 bad input; 3 the run stopped itself (also when no rank finished a stage
-for train.watchdog_s: rlcore/watchdog.py); 75 preempted (SIGTERM or
+for train.watchdog_s: rlcore/distributed/watchdog.py); 75 preempted (SIGTERM or
 SIGUSR1: the step finished and a checkpoint was written; run again with resume=auto). torchrun itself
 exits 1 whenever a rank fails or it was signalled, so with RLCORE_EXIT_CODE_FILE=PATH set, local rank 0
 also writes its code to PATH (launch/slurm_node.sh reads it to decide on a requeue).
@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore import library_logs  # noqa: E402  (the standard library only)
+from rlcore.outputs import library_logs# noqa: E402  (the standard library only)
 
 # Other libraries' startup notes hidden (logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 show them); torch
 # reads its C++ log level once, at import, so this comes first.
@@ -49,10 +49,12 @@ library_logs.before_imports(sys.argv[1:])
 
 import torch.distributed as dist  # noqa: E402
 
-from rlcore import config_help, plan, watchdog  # noqa: E402
-from rlcore.cli import parse_argv  # noqa: E402
-from rlcore.preflight import InputError  # noqa: E402
-from rlcore.collectives import Preempted, RunError  # noqa: E402
+from rlcore.config import help as config_help# noqa: E402
+from rlcore.distributed import watchdog
+from rlcore.preflight import plan
+from rlcore.config.cli import parse_argv  # noqa: E402
+from rlcore.preflight.checks import InputError  # noqa: E402
+from rlcore.distributed.collectives import Preempted, RunError  # noqa: E402
 from rlcore.trainer import train  # noqa: E402
 
 EXIT_BAD_INPUT = 2  # configuration, model, data, reward setup or resume checkpoint is invalid
@@ -93,7 +95,7 @@ def main(argv: list[str]) -> int:
     if dist.is_initialized() and (code == 0 or together):
         # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections.
         dist.barrier()
-        from rlcore.rollout.engine import leave_process_groups
+        from rlcore.engine.rollout_engine import leave_process_groups
         leave_process_groups()
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")
     if status and os.environ.get("LOCAL_RANK", "0") == "0":

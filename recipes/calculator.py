@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=calculator
 
 The demo's task and held-out problems, with a tool: the model may write "?" (a stop token), the tool
-answers "85=" and the model copies the sum. The warm start (built locally on first use) has rlcore.tiny's
+answers "85=" and the model copies the sum. The warm start (built locally on first use) has rlcore.tasks.tiny's
 habit of forgetting to carry the one, calls the tool on about one sample in ten and copies its answer well.
 The reward is arithmetic_exact on the last model turn; the number of calls is logged (reward/tool_calls, weight
 0) and becomes a cost per call with rewards.1.weight=-0.1.

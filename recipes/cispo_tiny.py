@@ -8,7 +8,7 @@ acts. The corrections (IcePop [0.5, 5], geometric mask [0.99, 1.01]) change noth
 and the trainer agree to 1e-3 (fp32 on CPU): they are on to show their metrics (policy/is_weight_*,
 policy/seq_masked_frac, rollout/kl), and a fork onto bf16 GPUs keeps them.
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.cispo import CISPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -18,7 +18,7 @@ def config() -> Config:
     return Config(
         name="cispo_tiny",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

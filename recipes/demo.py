@@ -4,11 +4,11 @@
     # which runs:
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=demo
 
-Everything is built locally on first use (rlcore.tiny.prepare, cached): tokenizer, model, a short
+Everything is built locally on first use (rlcore.tasks.tiny.prepare, cached): tokenizer, model, a short
 supervised warm start, and the train / held-out prompt files. Prints held-out greedy accuracy before
 and after training; writes runs/demo/{config.json,metrics.jsonl,tb/}.
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.grpo import GRPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -18,7 +18,7 @@ def config() -> Config:
     return Config(
         name="demo",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

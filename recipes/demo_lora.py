@@ -1,5 +1,5 @@
 """The demo with LoRA: GRPO teaches the tiny character-level Qwen2 to add by training rank-16 adapters
-on its frozen weights (rlcore/lora.py), on 2 CPU ranks; the engine loads each new adapter (adapter sync).
+on its frozen weights (rlcore/models/lora.py), on 2 CPU ranks; the engine loads each new adapter (adapter sync).
 
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=demo_lora
     # the same run with merged sync (full W + (alpha/r) B A weights streamed into an engine without LoRA):
@@ -9,7 +9,7 @@ A copy of recipes/demo.py (model, data, reward, GRPO, steps) plus the `lora` sec
 accuracy before and after (measured: start 17.2% -> end 82.4%, about a minute); writes runs/demo_lora/, with PEFT
 adapter folders as exports (hf/step_<N>/).
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.grpo import GRPO
 from rlcore.config import (Config, DataConfig, LoraConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -19,7 +19,7 @@ def config() -> Config:
     return Config(
         name="demo_lora",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

@@ -6,11 +6,11 @@ answers only, ~83%) scores every sampled token, and the per-token reverse KL is 
     # with the task reward's group advantage added at weight 1:
     OMP_NUM_THREADS=1 torchrun --nproc-per-node 2 launch/train.py recipe=distill_tiny algorithm.task_weight=1
 
-The teacher is built once by the prepare step (rlcore.tiny.prepare_teacher, cached) and sharded with FSDP2
+The teacher is built once by the prepare step (rlcore.tasks.tiny.prepare_teacher, cached) and sharded with FSDP2
 in the reference model's place. The reward function still runs: its numbers are logged, not trained on
 (algorithm.task_weight=0).
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.distill import Distill
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -20,7 +20,7 @@ def config() -> Config:
     return Config(
         name="distill_tiny",
         seed=0,
-        prepare="rlcore.tiny:prepare_teacher",
+        prepare="rlcore.tasks.tiny:prepare_teacher",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

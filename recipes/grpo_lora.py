@@ -10,7 +10,7 @@ Needs the hub (model Qwen/Qwen2.5-7B-Instruct, dataset openai/gsm8k "main") or l
         data.eval_path=/data/gsm8k/test.parquet
 
 recipes/grpo.py's task, data, rollout and GRPO settings with a 5x larger model, trained through low-rank
-adapters (rlcore/lora.py); the sources of every choice follow.
+adapters (rlcore/models/lora.py); the sources of every choice follow.
 - Adapters on every attention and MLP linear (q, k, v, o, gate, up, down), r=16, alpha=32 (alpha = 2r): the
   defaults of torchtune and prime-rl; TML "LoRA Without Regret" finds every-linear targeting matters, MLP
   included, and RL works even at r=1, so r=16 is not the limit. r=16 adds 40.4M trained parameters, 0.53%

@@ -6,7 +6,7 @@
 Needs the hub (model Qwen/Qwen3-30B-A3B, dataset openai/gsm8k "main") or local copies:
     ... model.path=/models/qwen3-30b-a3b data.path=/data/gsm8k/train.parquet data.eval_path=/data/gsm8k/test.parquet
 
-Memory per GPU (30.5B parameters; FSDP2 over 8 ranks, no expert parallelism: rlcore.models.shard):
+Memory per GPU (30.5B parameters; FSDP2 over 8 ranks, no expert parallelism: rlcore.models.build.shard):
     trainer at rest     fp32 weights 15.3 GB + AdamW moments 30.5 GB              = 45.8 GB
     + while training    fp32 gradients 15.3 GB, one gathered layer in bf16 (1.3 GB, x2 with prefetch),
                         activations (checkpointed, micro-batches of 2); the engine sleeps (weights + KV freed)

@@ -6,7 +6,7 @@
 Two mini-batches per rollout step, so the second optimizer step sees a ratio other than 1 and the sequence
 clip acts (policy/clip_frac); with one, GSPO's ratio is always 1.
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.gspo import GSPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -16,7 +16,7 @@ def config() -> Config:
     return Config(
         name="gspo_tiny",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

@@ -4,7 +4,7 @@
 
 The critic starts from the policy's backbone with a new zero value head and trains with its own AdamW.
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.ppo import PPO
 from rlcore.config import (Config, CriticConfig, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -14,7 +14,7 @@ def config() -> Config:
     return Config(
         name="ppo_tiny",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

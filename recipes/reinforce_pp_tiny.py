@@ -5,7 +5,7 @@
 A per-token KL penalty to the frozen reference model (k1) is part of the reward. The baseline variant
 (subtract each prompt group's mean reward first) is one override: algorithm.baseline=true.
 """
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.reinforce_pp import ReinforcePP
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
@@ -15,7 +15,7 @@ def config() -> Config:
     return Config(
         name="reinforce_pp_tiny",
         seed=0,
-        prepare="rlcore.tiny:prepare",
+        prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path=str(tiny.model_dir())),
         data=DataConfig(path=str(tiny.train_file()), eval_path=str(tiny.eval_file()), prompt_column="prompt",
                         max_prompt_tokens=16),

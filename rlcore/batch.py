@@ -14,13 +14,13 @@ Layout (one rank's share of a step, B sequences):
     advantages      [B, T]  per-token advantage, written by the algorithm
     returns         [B, T]  value targets, written by algorithms with a critic
     versions        [B]     the policy version (optimizer steps) of the weights that sampled each sequence;
-                            set in a split mesh (rlcore/split.py), None when colocated (always current);
-                            streaming (rlcore/stream.py): the oldest version among the sequence's tokens
+                            set in a split mesh (rlcore/modes/split.py), None when colocated (always current);
+                            streaming (rlcore/modes/stream/engine_side.py): the oldest version among the sequence's tokens
     token_versions  [B, T]  streaming: the version that sampled each response token (0 where loss_mask is 0)
     position_ids    [B, L]  only when a row holds several sequences (an agent that rewrote its history,
                             rlcore.rollout.agents): positions restart at each sequence, and the trainer's
                             forwards pass them without the attention mask, so each sequence attends only to
-                            itself (transformers' packed-sequence mask, as rlcore.packing); None otherwise
+                            itself (transformers' packed-sequence mask, as rlcore.train.packing); None otherwise
 
 Sequences come in prompt groups: rows [g * group_size, (g + 1) * group_size) share a prompt.
 """
@@ -95,7 +95,7 @@ class Normaliser:
     """Global counts over one optimizer step: summed over every micro-batch and every rank.
 
     Losses divide by these, never by a micro-batch's own count, so the gradient does not depend on
-    how the batch was split (see rlcore.objectives.aggregate)."""
+    how the batch was split (see rlcore.algorithms.objectives.aggregate)."""
     tokens: float  # response tokens (sum of loss_mask)
     sequences: float  # sequences with at least one response token
     max_len: int = 0  # model-token budget per sequence (Batch.max_model_tokens): seq-mean-token-sum-norm's divisor

@@ -28,7 +28,7 @@ def load_tokenizer(path: str, field: str = "model.path"):
     """The model's tokenizer, as saved. transformers 5's AutoTokenizer substitutes the model type's own class
     for a tokenizer saved as a plain `tokenizers` file (tokenizer_class TokenizersBackend): a qwen2 config
     then gets Qwen2Tokenizer, whose byte-level pre-tokenizer silently drops the characters of a
-    character-level vocabulary such as rlcore.tiny's spaces (" 47=" -> "47="), so environment text with
+    character-level vocabulary such as rlcore.tasks.tiny's spaces (" 47=" -> "47="), so environment text with
     spaces would reach the model changed. Such a file is loaded with the generic class that wrote it."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 

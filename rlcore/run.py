@@ -5,9 +5,9 @@
       .rollout     ranks that generate: prompts, environments, reward functions and models, held-out rows
       .trainer     ranks that train: the policy, its optimizer and scheduler, the reference, the critic
 
-Colocated, every rank holds both parts; in a split mesh (rlcore/split.py) a rollout rank's `trainer` and a
+Colocated, every rank holds both parts; in a split mesh (rlcore/modes/split.py) a rollout rank's `trainer` and a
 trainer rank's `rollout` are None. Which models a run builds is decided once, by
-`rlcore.roles.models_of`.
+`rlcore.config.roles.models_of`.
 
 It sits below the stages (rollout/collect.py, logprobs.py, update.py, rewards.py): they read the fields
 they use from it, and none of them imports the trainer, which sits on top as the loop.
@@ -22,11 +22,11 @@ if TYPE_CHECKING:  # types only: the run state imports nothing of the stages it 
     import torch
 
     from rlcore.config import Config
-    from rlcore.roles import Models
+    from rlcore.config.roles import Models
     from rlcore.data import PromptStream
-    from rlcore.metrics import RunLogger
-    from rlcore.parallel import ParallelDims
-    from rlcore.rollout.engine import RolloutEngine
+    from rlcore.outputs.metrics import RunLogger
+    from rlcore.distributed.parallel import ParallelDims
+    from rlcore.engine.rollout_engine import RolloutEngine
     from rlcore.rollout.turns import Envs
 
 
@@ -77,9 +77,9 @@ class Run:
     rollout: Rollout | None  # None on a trainer rank of a split mesh
     trainer: Trainer | None  # None on a rollout rank of a split mesh
     meta: dict = field(default_factory=dict)  # what checkpoints record about this run (checkpoint.describe)
-    plan: object = None  # the launch plan (rlcore.plan.Plan), or None where its formulas do not cover the model
+    plan: object = None  # the launch plan (rlcore.preflight.plan.Plan), or None where its formulas do not cover the model
     resume_from: Path | None = None  # the checkpoint to load before the first step
-    link: object = None  # split mesh: the process groups joining rollout and trainer ranks (rlcore.transfer.Link)
+    link: object = None  # split mesh: the process groups joining rollout and trainer ranks (rlcore.modes.transfer.Link)
 
     def trained_models(self) -> dict[str, tuple]:
         """This rank's trained models (none on a rollout rank of a split mesh)."""

@@ -3,7 +3,7 @@
 One torchrun program. Each step, every rollout group (k ranks, one vLLM engine) runs `group_size`
 trajectories for each prompt of its slice (one model turn, or several with an environment:
 rlcore/rollout/); each rank of the group then trains on its own 1/k of them with FSDP2 over the whole
-world (rlcore/update.py); finally the new weights are streamed into the engines in place.
+world (rlcore/train/update.py); finally the new weights are streamed into the engines in place.
 The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algorithm`.
 """
 from __future__ import annotations
@@ -13,24 +13,31 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore import (checkpoint, logprobs, lora, models, preflight, rewards, sandbox, split, stream, transfer,
-                    update, watchdog)
-from rlcore.collectives import Preempted, all_max, all_sum
+from rlcore import rewards
+from rlcore.sandbox import pool as sandbox
+from rlcore.distributed import watchdog
+from rlcore.models import lora, build as models
+from rlcore.modes import split, transfer
+from rlcore.modes.stream import engine_side as stream
+from rlcore.outputs import checkpoint
+from rlcore.preflight import checks as preflight
+from rlcore.train import logprobs, update
+from rlcore.distributed.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config
-from rlcore.roles import Models, models_of
+from rlcore.config.roles import Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
-from rlcore.metrics import RunLogger, peak_memory_gb, reset_peak_memory
-from rlcore.parallel import ParallelDims, build_meshes, device_type, init_distributed
-from rlcore.rollout import RolloutEngine, SyncStats
-from rlcore.loop import Loop
+from rlcore.outputs.metrics import RunLogger, peak_memory_gb, reset_peak_memory
+from rlcore.distributed.parallel import ParallelDims, build_meshes, device_type, init_distributed
+from rlcore.engine import RolloutEngine, SyncStats
+from rlcore.modes.loop import Loop
 from rlcore.rollout.collect import collect
 from rlcore.rollout.envs import model_budget
 from rlcore.run import Rollout, Run, Trainer
-from rlcore.summary import Summary
+from rlcore.outputs.summary import Summary
 
 
 def setup(cfg: Config) -> Run:
-    """Check everything cheap on every rank first (rlcore/preflight.py), then load."""
+    """Check everything cheap on every rank first (rlcore/preflight/checks.py), then load."""
     init_distributed(watchdog.group_timeout(cfg.train.watchdog_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -52,7 +59,7 @@ def setup(cfg: Config) -> Run:
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,
                            group, cfg.seed, cfg.data.num_workers) if generates else None
     if rank == 0:
-        from rlcore.cli import save_config
+        from rlcore.config.cli import save_config
         save_config(cfg, run_dir / "config.json")
     torch.manual_seed(cfg.seed)
     engine = RolloutEngine(cfg, max_model_len, launch_plan.kv_bytes if launch_plan else None, dormant=not generates)
@@ -89,7 +96,7 @@ def setup(cfg: Config) -> Run:
         rollout.reward_models = reward_models
     wandb = None
     if cfg.logging.wandb:
-        from rlcore.cli import config_to_dict
+        from rlcore.config.cli import config_to_dict
         wandb = {"project": cfg.logging.wandb_project, "name": cfg.name, "config": config_to_dict(cfg),
                  "id": f"{cfg.name}-{meta['fingerprint']}"}  # a resumed run continues the same wandb run
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
@@ -123,7 +130,7 @@ def layout(cfg: Config, dims: ParallelDims, models: Models, reward_models: int, 
     held = ["actor (trained)"] + (["critic (trained)"] if models.critic else []) \
         + (["reference"] if models.reference == "copy" else [])
     held += [f"reward model {i}" for i in range(reward_models)]
-    if dims.split:  # rlcore/split.py
+    if dims.split:  # rlcore/modes/split.py
         r, n, ro = dims.rollout_ranks, dims.trainers, cfg.rollout
         running = ro.max_running or ro.prompts_per_step // dims.rollout_groups * ro.group_size
         each = " per engine" if dims.rollout_groups > 1 else ""
@@ -199,7 +206,7 @@ def train(cfg: Config) -> dict[str, float]:
     report.mesh = layout(cfg, run.dims, run.models, len(run.rollout.reward_models) if run.rollout else 0)[0]
     loop = Loop(run, report, stop)
     try:
-        # rlcore/stream.py: the split mesh whose engines never drain
+        # rlcore/modes/stream/engine_side.py: the split mesh whose engines never drain
         mode = (stream.train if cfg.rollout.stream else split.train) if run.dims.split else colocated
         summary = mode(run, loop)
         if run.rollout and run.rollout.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
@@ -220,7 +227,7 @@ def train(cfg: Config) -> dict[str, float]:
 
 
 def colocated(run: Run, loop: Loop) -> dict[str, float]:
-    """The colocated loop: every rank takes every stage of every step (rlcore/loop.py: what is around it)."""
+    """The colocated loop: every rank takes every stage of every step (rlcore/modes/loop.py: what is around it)."""
     steps = run.cfg.train.steps
     start = loop.begin(run.trained_models())
     if start:  # the engine started from model.path: it samples with the checkpointed weights from step one

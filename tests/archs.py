@@ -4,7 +4,7 @@ recipe the matrix trains them with:
     torchrun --nproc-per-node 2 launch/train.py recipe=tests/archs.py model.path=DIR rollout.tensor_parallel=2
 
 Each is the same small shape in its own family: 2 layers, hidden 128, 4 query heads of head_dim 32 (vLLM's
-CPU attention needs >= 32) over 2 key/value heads, vocab 32 (rlcore.tiny's character tokenizer, so the
+CPU attention needs >= 32) over 2 key/value heads, vocab 32 (rlcore.tasks.tiny's character tokenizer, so the
 demo's arithmetic prompts and rewards work unchanged). The mixture-of-experts families get 4 experts, 2
 routed per token, so FSDP2 over 2 ranks splits each layer's expert tensors. `tie_word_embeddings` is
 explicit everywhere: both ways are covered (qwen2 and qwen2_tied, and gemma2 always ties).
@@ -48,7 +48,7 @@ def build(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlcore import tiny
+    from rlcore.tasks import tiny
 
     torch.manual_seed(seed)
     return tiny._save(AutoModelForCausalLM.from_config(hf_config(arch)), Path(out_dir))
@@ -63,13 +63,13 @@ def digits(prompts: list[str], completions: list[str], **_) -> list[float]:
 def config():
     """The demo's prompts and GRPO, small: 8 prompts x 4 samples a step, 3 steps, a learning rate that moves
     every weight visibly, and the exact-sync bound as the run's own stop threshold."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                                TrainConfig)
 
     return Config(
-        name="arch", seed=0, prepare="rlcore.tiny:prepare",
+        name="arch", seed=0, prepare="rlcore.tasks.tiny:prepare",
         model=ModelConfig(path="", dtype="float32"),
         data=DataConfig(path=str(tiny.train_file()), prompt_column="prompt", max_prompt_tokens=16),
         rollout=RolloutConfig(tensor_parallel=1, group_size=4, prompts_per_step=8, max_new_tokens=8,

@@ -11,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
-# Set in this process by importing rlcore.rollout.engine (its default level when no entry point chose one); a
-# launched run gets the user's environment, so launch/train.py picks the libraries' levels (rlcore/library_logs.py).
+# Set in this process by importing rlcore.engine.rollout_engine (its default level when no entry point chose one); a
+# launched run gets the user's environment, so launch/train.py picks the libraries' levels (rlcore/outputs/library_logs.py).
 IMPORT_SET = {"VLLM_LOGGING_LEVEL"} - set(os.environ)
 
 
@@ -40,7 +40,7 @@ def rank_exit_codes(proc: subprocess.CompletedProcess) -> set[int]:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Random-init tiny Qwen2 / Qwen3 / Llama folders (model + tokenizer), built once per session."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
 
     root = tmp_path_factory.mktemp("models")
     return {arch: tiny.build_random_model(root / arch, arch=arch, seed=0) for arch in ("qwen2", "qwen3", "llama")}

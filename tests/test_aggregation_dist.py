@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from rlcore.batch import Normaliser
-from rlcore.objectives import aggregate, clipped_surrogate, local_normaliser
+from rlcore.algorithms.objectives import aggregate, clipped_surrogate, local_normaliser
 
 pytestmark = pytest.mark.slow  # two gloo processes: `make test-fast` leaves them out
 

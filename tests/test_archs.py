@@ -69,7 +69,7 @@ def transformers_scores(model_dir, state=None) -> torch.Tensor:
     """log p of hf_logprobs.SEQUENCES under transformers (its weights replaced by `state` when given)."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore import models
+    from rlcore.models import build as models
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     if state is not None:
@@ -88,7 +88,7 @@ def test_arch_trains_with_exact_sync_and_exports(arch, models, tmp_path):
     exactly as the TP=2 trainer's final weights (read from its checkpoint) do."""
     diffs = {2: run_steps(models[arch], 2, tmp_path / "tp2")}
     export, ckpt = tmp_path / "tp2" / "hf" / "step_3", tmp_path / "tp2" / "checkpoints" / "step_3"
-    from rlcore.export import read_model
+    from rlcore.outputs.export import read_model
     trained = transformers_scores(models[arch], read_model(ckpt))  # in-memory names: load_state_dict takes them
     exported = transformers_scores(export)  # checkpoint format: from_pretrained converts it
     assert (trained - exported).abs().max().item() < 1e-5

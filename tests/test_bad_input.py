@@ -31,8 +31,8 @@ def rejected(proc, out) -> str:
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
     """A copy of the demo's model folder (built by its prepare step), to break in place."""
-    from rlcore import tiny
-    from rlcore.cli import parse_argv
+    from rlcore.tasks import tiny
+    from rlcore.config.cli import parse_argv
 
     tiny.prepare(parse_argv(["recipe=demo"], ROOT / "recipes"))
     return tiny.model_dir()
@@ -165,7 +165,7 @@ def test_bad_values(entry, tmp_path, override, says):
     (["algorithm.tis_level=batch"], "algorithm.tis_level must be one of token, sequence, geometric (got 'batch')"),
 ])
 def test_bad_mismatch_corrections(entry, tmp_path, overrides, says):
-    """The mismatch corrections (rlcore.corrections) are options of every algorithm's loss: GRPO's here."""
+    """The mismatch corrections (rlcore.algorithms.corrections) are options of every algorithm's loss: GRPO's here."""
     proc = entry.train("recipe=demo", *overrides, f"output_dir={tmp_path}/runs")
     assert says in rejected(proc, tmp_path / "runs")
 
@@ -197,7 +197,7 @@ def reward(prompts, completions, **columns):
 raise RuntimeError("the grader's database is down")
 '''
 RECIPE = '''
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 from pathlib import Path
 
 def prepare(cfg):
@@ -235,8 +235,8 @@ def test_user_code_raising(entry, tmp_path, case, says):
 
 FORK = '''
 from pathlib import Path
-from rlcore.cli import load_recipe
-from rlcore.objectives import PolicyLoss
+from rlcore.config.cli import load_recipe
+from rlcore.algorithms.objectives import PolicyLoss
 
 class Forgot(PolicyLoss):  # a fork that never wrote its advantages
     pass
@@ -271,7 +271,7 @@ def test_forked_algorithm_missing_a_piece(entry, tmp_path, algorithm, says):
 
 TOOL_RECIPE = '''
 from pathlib import Path
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 from rlcore.rollout.tools import Toolbox, ToolEnv
 
 
@@ -316,10 +316,10 @@ NO_TOOLS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|
 
 @pytest.fixture(scope="module")
 def no_tools_model(tmp_path_factory):
-    """A random tiny Qwen2 with a ChatML tokenizer (rlcore.tiny's) whose chat template does not show tools."""
+    """A random tiny Qwen2 with a ChatML tokenizer (rlcore.tasks.tiny's) whose chat template does not show tools."""
     from transformers import AutoModelForCausalLM
 
-    from rlcore.tiny import build_chat_tokenizer, tiny_config
+    from rlcore.tasks.tiny import build_chat_tokenizer, tiny_config
     path = tmp_path_factory.mktemp("no_tools") / "model"
     tokenizer = build_chat_tokenizer(NO_TOOLS)
     config = tiny_config()
@@ -355,7 +355,7 @@ def test_bad_tools(entry, tmp_path, demo_model, no_tools_model, tools, format, h
 
 TRL_RECIPE = '''
 from pathlib import Path
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 from rlcore.rollout.standards import trl_environment, trl_rewards
 
 
@@ -401,7 +401,7 @@ def test_bad_trl_environment(entry, tmp_path, reset, doc, kwargs, says):
 ONE_RANK = '''
 import os
 from pathlib import Path
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 
 def config():
     cfg = load_recipe("demo", Path("{root}/recipes"))

@@ -80,7 +80,7 @@ def test_full_disk_and_kill_in_save_then_resume_on_one_rank(tmp_path):
     """2 ranks save step 1; saving step 2, a full disk on rank 1 stops the save on both ranks with the
     temporary removed; then rank 1 is SIGKILLed mid-save. resume=auto on ONE rank reports the partial
     step 2, loads step 1, and holds exactly the model and optimizer values the 2 ranks saved."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     tiny.prepare(None)
     model = tiny.model_dir()
     proc = torchrun(WORKERS / "ckpt_worker.py", "save", model, tmp_path, timeout=300)
@@ -105,7 +105,7 @@ def test_hf_export_loads_in_transformers_and_vllm(straight, tmp_path):
     """hf/step_4 loads with transformers and vllm.LLM and scores fixed sequences as the trainer does
     with the step-4 checkpoint loaded on 1 rank; the convert command rebuilds it byte for byte."""
     from safetensors.torch import load_file
-    from rlcore import tiny
+    from rlcore.tasks import tiny
 
     hf_dir, ckpt = straight / "hf" / "step_4", straight / "checkpoints" / "step_4"
     logprobs = {}
@@ -132,7 +132,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlcore.algorithms.grpo import GRPO
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 
 
 @dataclass
@@ -203,7 +203,7 @@ def test_bad_resume_paths_fail_before_training(entry, straight, tmp_path):
 
 
 def test_stop_signal_records_sigterm_and_sigusr1():
-    from rlcore.checkpoint import StopSignal
+    from rlcore.outputs.checkpoint import StopSignal
 
     stop = StopSignal()
     try:

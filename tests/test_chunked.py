@@ -3,7 +3,8 @@ gradients, on the tiny Qwen2 in fp32. The two-rank FSDP2 case is in tests/test_f
 import pytest
 import torch
 
-from rlcore import models, tiny
+from rlcore.models import build as models
+from rlcore.tasks import tiny
 
 B, L = 3, 11  # 3 x 10 = 30 predicted tokens
 
@@ -120,9 +121,9 @@ def test_chunked_holds_one_chunk_of_logits():
 
 def test_chunk_size_is_validated():
     from conftest import ROOT
-    from rlcore.cli import load_recipe
+    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     cfg = load_recipe("demo", ROOT / "recipes")
     assert cfg.train.logprob_chunk_tokens == 1024  # the default: chunked

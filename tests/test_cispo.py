@@ -8,7 +8,7 @@ import torch
 from rlcore.algorithms.cispo import CISPO
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.objectives import PolicyLoss, local_normaliser
+from rlcore.algorithms.objectives import PolicyLoss, local_normaliser
 
 
 def _grads(algo, advantage: float) -> list[float]:

@@ -1,4 +1,4 @@
-"""rlcore.cli: recipes by name or path, typed key=value overrides, exact one-line errors, JSON save."""
+"""rlcore.config.cli: recipes by name or path, typed key=value overrides, exact one-line errors, JSON save."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcore.cli import (ConfigError, apply_overrides, config_to_dict, did_you_mean, load_recipe,
+from rlcore.config.cli import (ConfigError, apply_overrides, config_to_dict, did_you_mean, load_recipe,
                         parse_argv, save_config)
 from rlcore.config import Config
 

@@ -190,7 +190,7 @@ def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_m
 def test_bad_schedule_settings(override, says):
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import Config, RewardSpec, RolloutConfig, validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     cfg = Config(algorithm=GRPO(), rewards=[RewardSpec(fn="x:y")], rollout=RolloutConfig(**override))
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):

@@ -5,7 +5,7 @@ import torch
 
 from rlcore.algorithms.base import Algorithm, check
 from rlcore.batch import Batch
-from rlcore.objectives import KLRewardPenalty, PolicyLoss
+from rlcore.algorithms.objectives import KLRewardPenalty, PolicyLoss
 
 
 class Fork(PolicyLoss):

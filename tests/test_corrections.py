@@ -1,4 +1,4 @@
-"""rlcore.corrections and PolicyLoss's correction options, on the 2x3 batch of the notes (E4), by hand:
+"""rlcore.algorithms.corrections and PolicyLoss's correction options, on the 2x3 batch of the notes (E4), by hand:
 
     sequence 1: delta = [0, 1, -1]            rho = [1, e, 1/e] = [1, 2.718282, 0.367879]
     sequence 2: delta = [0.005, 0.015, pad]   rho = [1.005013, 1.015113]
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from rlcore.batch import Batch
-from rlcore.corrections import log_ratio, rollout_kl, sequence_keep, tis_weights
-from rlcore.objectives import PolicyLoss, local_normaliser
+from rlcore.algorithms.corrections import log_ratio, rollout_kl, sequence_keep, tis_weights
+from rlcore.algorithms.objectives import PolicyLoss, local_normaliser
 
 OLD = torch.tensor([[0.0, 1.0, -1.0], [0.005, 0.015, 3.0]])  # the pad's 3.0 must never count
 ROLLOUT = torch.zeros(2, 3)

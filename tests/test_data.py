@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.config import DataConfig
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 
@@ -69,7 +69,7 @@ def test_groups_get_disjoint_prompts_and_epochs_reshuffle(jsonl):
 def test_the_tiny_tokenizer_loads_as_saved(tmp_path):
     """A character-level tokenizer saved beside a qwen2 config keeps its spaces (AutoTokenizer alone would
     swap in Qwen2Tokenizer, which drops them): environment text is encoded as the model was taught."""
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     from rlcore.data import load_tokenizer
     tokenizer = load_tokenizer(str(tiny.build_random_model(tmp_path / "m")))
     assert tokenizer(" 47= ").input_ids == [1, 19, 8, 11, 17, 19]

@@ -27,8 +27,8 @@ CHECK = """
 import importlib, os, pkgutil
 from pathlib import Path
 import rlcore, rlcore.algorithms
-from rlcore.cli import available_recipes, load_recipe
-from rlcore.parallel import ParallelDims
+from rlcore.config.cli import available_recipes, load_recipe
+from rlcore.distributed.parallel import ParallelDims
 from rlcore.config import validate
 
 def test_the_core_imports_and_every_remaining_recipe_validates():

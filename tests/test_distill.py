@@ -67,7 +67,7 @@ def test_refusals(fields, cfg, says):
 
 
 def _teacher(tmp_path, how):
-    from rlcore import tiny
+    from rlcore.tasks import tiny
 
     tiny.prepare_teacher()
     path = tmp_path / "teacher"

@@ -13,7 +13,7 @@ from rlcore.rollout import agents, chat
 from rlcore.rollout.endpoint import MODEL, Endpoint
 from rlcore.rollout.wire import Clients, InProcess
 from rlcore.rollout.sessions import Call, sequences
-from rlcore.rollout.engine import Sample
+from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.tasks import tooladd
 
@@ -154,7 +154,7 @@ def test_rewritten_rows_take_their_trajectory_advantage_and_count_once():
     B 1, C (1 + 2 + 3) / 3 -> (2 + 1 + 2) / 3 = 1.6667."""
     from rlcore.algorithms.grpo import GRPO
     from rlcore.batch import Normaliser
-    from rlcore.objectives import aggregate, local_normaliser
+    from rlcore.algorithms.objectives import aggregate, local_normaliser
     from rlcore.rollout.sessions import Session
 
     calls = {"A": [Call([5, 6], [7, 8], [-0.1, -0.2], "stop"), Call([9], [10], [-0.3], "stop")],
@@ -472,7 +472,7 @@ def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok):
         assert kinds.index("step") == first  # the 8 first calls, then the first step (the slow one joins later)
 
 
-# ---- agents in streaming (rlcore/stream_agents.py) ---------------------------------------------------------
+# ---- agents in streaming (rlcore/modes/stream/agents.py) ---------------------------------------------------------
 
 def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple[list, list]:
     """Two trajectories per row through AgentTurns on the scripted engine (each request finishes 2 engine steps
@@ -483,7 +483,7 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
     from types import SimpleNamespace
 
     from rlcore.rollout.turns import Envs
-    from rlcore.stream_agents import AgentTurns
+    from rlcore.modes.stream.agents import AgentTurns
     from test_stream import run_to_end
 
     class Tagged(StepEngine):

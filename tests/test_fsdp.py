@@ -6,7 +6,7 @@ import pytest
 from conftest import WORKERS, torchrun
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
-from rlcore.objectives import AGG_MODES
+from rlcore.algorithms.objectives import AGG_MODES
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

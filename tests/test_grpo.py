@@ -10,7 +10,7 @@ import torch
 from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, overlong_penalty
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.objectives import local_normaliser
+from rlcore.algorithms.objectives import local_normaliser
 
 LOG_HALF, LOG_1_5 = math.log(0.5), math.log(1.5)
 
@@ -134,6 +134,6 @@ def test_validate_defaults_pass():
 
 
 def test_core_imports_no_algorithm():
-    """rlcore.algorithms and rlcore.objectives must not pull in GRPO: a recipe picks it."""
-    code = "import sys, rlcore.algorithms, rlcore.objectives; assert 'rlcore.algorithms.grpo' not in sys.modules"
+    """rlcore.algorithms and rlcore.algorithms.objectives must not pull in GRPO: a recipe picks it."""
+    code = "import sys, rlcore.algorithms, rlcore.algorithms.objectives; assert 'rlcore.algorithms.grpo' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

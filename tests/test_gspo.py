@@ -8,7 +8,7 @@ import torch
 from rlcore.algorithms.gspo import GSPO
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.objectives import local_normaliser
+from rlcore.algorithms.objectives import local_normaliser
 
 
 def _example():
@@ -76,9 +76,9 @@ def test_gspo_moe_recipe_is_grpo_moe_with_sequence_ratios():
     with GSPO's sequence ratio and the paper's window; several optimizer steps per rollout, so the clip acts."""
     from pathlib import Path
 
-    from rlcore.cli import load_recipe
+    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"
     cfg, grpo = load_recipe("gspo_moe", recipes), load_recipe("grpo_moe", recipes)

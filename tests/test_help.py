@@ -3,11 +3,11 @@ import dataclasses
 import subprocess
 import sys
 
-import rlcore.config as config_module
+import rlcore.config.sections as config_module
 from conftest import ROOT
-from rlcore import config_help
+from rlcore.config import help as config_help
 from rlcore.algorithms.grpo import GRPO
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 
 
 def config_classes() -> list[type]:
@@ -50,7 +50,7 @@ def test_help_lists_every_field_with_type_value_and_doc():
 
 def test_every_algorithm_key_of_every_recipe_is_documented():
     """Each recipe's algorithm (whichever module it comes from) documents every field where it is declared."""
-    from rlcore.cli import available_recipes
+    from rlcore.config.cli import available_recipes
 
     recipes = available_recipes(ROOT / "recipes")
     undocumented = [f"{name}: {key}" for name in recipes

@@ -11,9 +11,9 @@ import re
 import pytest
 import torch.distributed as dist
 
-from rlcore.rollout.engine import Sample
+from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout.tools import Toolbox, ToolEnv
-from rlcore.tiny import HERMES_TEMPLATE, build_chat_tokenizer
+from rlcore.tasks.tiny import HERMES_TEMPLATE, build_chat_tokenizer
 
 
 def add(a: int, b: int) -> int:
@@ -72,7 +72,7 @@ STRICT = ("{%- for m in messages %}{%- if m.role == 'tool' and 'BOOM' in m.conte
 
 class Model:
     """Scripted turns, found from the prompt ("q<k>?") and the number of assistant turns so far; generate
-    (lockstep) and submit/step/busy/abort (continuous) as rlcore.rollout.engine.RolloutEngine has them."""
+    (lockstep) and submit/step/busy/abort (continuous) as rlcore.engine.rollout_engine.RolloutEngine has them."""
 
     def __init__(self, tokenizer):
         self.tok, self.live = tokenizer, {}
@@ -114,8 +114,8 @@ def one_rank(tmp_path_factory):
 def make_run(tmp_path, schedule: str):
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import Config, DataConfig, ModelConfig, RewardSpec, RolloutConfig
-    from rlcore.parallel import ParallelDims
-    from rlcore.preflight import load_inputs
+    from rlcore.distributed.parallel import ParallelDims
+    from rlcore.preflight.checks import load_inputs
     from rlcore.rollout.envs import model_budget
     from rlcore.run import Rollout, Run
     build_chat_tokenizer(STRICT).save_pretrained(tmp_path / "model")

@@ -15,7 +15,7 @@ from conftest import ROOT
 SCRIPT = """
 import sys
 from pathlib import Path
-from rlcore.metrics import RunLogger
+from rlcore.outputs.metrics import RunLogger
 log = RunLogger(Path(sys.argv[1]), total_steps=3, enabled=True, every=2)
 log.log(0, {"eval/accuracy": 0.25})
 for step in (1, 2, 3):
@@ -69,7 +69,7 @@ def test_a_terminal_gets_the_bar_above_which_the_lines_scroll(tmp_path):
 
 LIBRARY_LOGS = """
 import json, logging, os, sys, warnings
-from rlcore import library_logs
+from rlcore.outputs import library_logs
 library_logs.before_imports(sys.argv[1:])
 import datasets.utils  # already loaded when launch/train.py applies the run's choice
 library_logs.apply(json.loads(os.environ.get("KEY", "false")))

@@ -1,10 +1,10 @@
-"""LoRA on one process (rlcore/lora.py): the maths, the names, the optimizer, the PEFT folder and the fold."""
+"""LoRA on one process (rlcore/models/lora.py): the maths, the names, the optimizer, the PEFT folder and the fold."""
 import re
 
 import pytest
 import torch
 
-from rlcore import lora, models
+from rlcore.models import lora, build as models
 from rlcore.config import LoraConfig, ModelConfig, OptimConfig
 
 
@@ -178,7 +178,7 @@ def test_resume_refuses_a_checkpoint_of_other_adapters(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from rlcore import checkpoint
+    from rlcore.outputs import checkpoint
 
     ckpt = tmp_path / "step_2"
     ckpt.mkdir()

@@ -1,11 +1,11 @@
-"""rlcore.objectives against hand-computed numbers, and the split-invariance of every aggregation mode."""
+"""rlcore.algorithms.objectives against hand-computed numbers, and the split-invariance of every aggregation mode."""
 import math
 
 import pytest
 import torch
 
 from rlcore.batch import Batch, Normaliser
-from rlcore.objectives import (
+from rlcore.algorithms.objectives import (
     AGG_MODES,
     aggregate,
     clipped_surrogate,
@@ -18,7 +18,7 @@ from rlcore.objectives import (
     group_advantages,
     token_rewards,
 )
-from rlcore.corrections import tis_weights
+from rlcore.algorithms.corrections import tis_weights
 
 LOG_HALF = math.log(0.5)
 

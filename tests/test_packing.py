@@ -1,4 +1,4 @@
-"""Packed micro-batches (rlcore.packing): the plan, packed vs padded outputs of tiny models in fp32, and the
+"""Packed micro-batches (rlcore.train.packing): the plan, packed vs padded outputs of tiny models in fp32, and the
 update's gradients with packing over two gloo ranks of very different sequence lengths."""
 import json
 
@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from conftest import WORKERS, torchrun
-from rlcore import models, packing, tiny
-from rlcore.objectives import AGG_MODES
+from rlcore.models import build as models
+from rlcore.tasks import tiny
+from rlcore.train import packing
+from rlcore.algorithms.objectives import AGG_MODES
 
 LENGTHS = [9, 4, 13, 6, 2]  # real tokens per right-padded row
 L = 14
@@ -148,9 +150,9 @@ def test_packed_values_and_scores_equal_padded():
 
 def test_token_budget_is_validated():
     from conftest import ROOT
-    from rlcore.cli import load_recipe
+    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     cfg = load_recipe("demo", ROOT / "recipes")
     cfg.train.max_tokens_per_micro_batch = 256
@@ -217,7 +219,7 @@ def test_on_policy_update_takes_its_own_old_logprobs(update_worker):
 def test_a_row_of_two_sequences_scores_each_as_its_own_row():
     """A rewritten agent history (rlcore.batch position_ids): rows 0 and 1 laid one after the other in one row,
     positions restarting at the second, score every token as the two padded rows do (1e-5), through the
-    padded forward (mask None, rlcore.forward.per_token) and packed with the row's own positions; without the
+    padded forward (mask None, rlcore.train.forward.per_token) and packed with the row's own positions; without the
     restart (a negative control) the second sequence reads the first and scores differently."""
     model = tiny_model()
     ids, mask = batch()
@@ -230,10 +232,10 @@ def test_a_row_of_two_sequences_scores_each_as_its_own_row():
         p = packing.pack(row, torch.ones_like(row), position_ids=positions)
         packed = p.unpack(models.token_logprobs(model, p.input_ids, None, 0.8, position_ids=p.position_ids))
         plain = models.token_logprobs(model, row, torch.ones_like(row), 0.8)
-        # the trainer's forwards (rlcore.forward.per_token) on a Batch holding that row, padded and packed
+        # the trainer's forwards (rlcore.train.forward.per_token) on a Batch holding that row, padded and packed
         from types import SimpleNamespace
         from rlcore.batch import Batch
-        from rlcore.forward import per_token
+        from rlcore.train.forward import per_token
         b = Batch(row, torch.ones_like(row), torch.ones(1, n0 + n1 - 1), torch.zeros(1, n0 + n1 - 1), torch.zeros(1), 1,
                   position_ids=positions)
         trained = [per_token(SimpleNamespace(cfg=SimpleNamespace(

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from conftest import WORKERS, torchrun
-from rlcore.parallel import ParallelDims
+from rlcore.distributed.parallel import ParallelDims
 
 
 @pytest.mark.parametrize("world, tp, heads, kv, message", [

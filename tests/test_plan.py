@@ -1,4 +1,4 @@
-"""The launch plan (rlcore/plan.py): counts against hand arithmetic, fit verdicts and levers, the two entry
+"""The launch plan (rlcore/preflight/plan.py): counts against hand arithmetic, fit verdicts and levers, the two entry
 points (launch/plan.py, launch/train.py plan=true), and torchrun's failure report naming the cause.
 
 Model shapes are written into the test as config.json folders: no hub, no weights, no GPU."""
@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT, rank_exit_codes, train_cmd
-from rlcore import plan
-from rlcore.cli import parse_argv
+from rlcore.preflight import plan
+from rlcore.config.cli import parse_argv
 
 GB = 2**30
 TINY = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -2,8 +2,8 @@
 import pytest
 
 from conftest import ROOT
-from rlcore.cli import available_recipes, load_recipe
-from rlcore.parallel import ParallelDims
+from rlcore.config.cli import available_recipes, load_recipe
+from rlcore.distributed.parallel import ParallelDims
 from rlcore.config import validate
 
 # Qwen2.5-1.5B-Instruct's config.json: 12 attention heads, 2 key/value heads, 32768 positions.
@@ -75,9 +75,9 @@ def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimi
     the real 7B shape against hand arithmetic: no reference copy, AdamW over the adapters only."""
     import json
 
-    from rlcore import plan
-    from rlcore.cli import parse_argv
-    from rlcore.lora import optim_config
+    from rlcore.preflight import plan
+    from rlcore.config.cli import parse_argv
+    from rlcore.models.lora import optim_config
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     cfg = parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}"], ROOT / "recipes")
     dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
@@ -134,7 +134,7 @@ def test_tiny_recipes_are_valid_for_two_cpu_ranks(name):
     cfg = load_recipe(name, ROOT / "recipes")
     validate(cfg, ParallelDims(world_size=2, tp=cfg.rollout.tensor_parallel))
     assert cfg.model.dtype == "float32" and cfg.model.mixed_precision == "none"
-    assert cfg.prepare == "rlcore.tiny:prepare"
+    assert cfg.prepare == "rlcore.tasks.tiny:prepare"
 
 
 def test_every_recipe_loads():
@@ -177,19 +177,20 @@ QWEN25_15B_CONFIG = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers
 def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox(tmp_path):
     """recipe=grpo_python_tool: grpo_tools' node and model with the sandboxed python tool (rlcore.rollout.tools).
     Valid for 8 ranks and fits 8 x 80 GB by the launch plan of Qwen2.5-1.5B's shape; the prompt as startup renders
-    it through a chat template that shows tools (rlcore.tiny's Hermes one: the hub's Qwen2.5 template is not here)
+    it through a chat template that shows tools (rlcore.tasks.tiny's Hermes one: the hub's Qwen2.5 template is not here)
     carries the system prompt and the tool's schema; a call runs in the sandbox with the recipe's limits."""
     import dataclasses
     import json
 
     import datasets
 
-    from rlcore import plan
-    from rlcore.cli import parse_argv
+    from rlcore.preflight import plan
+    from rlcore.config.cli import parse_argv
     from rlcore.data import tokenize_prompts
     from rlcore.rollout.env import Step, as_step
-    from rlcore.sandbox import GRACE_S, SandboxConfig, configure
-    from rlcore.tiny import build_chat_tokenizer
+    from rlcore.sandbox import SandboxConfig, configure
+    from rlcore.sandbox.pool import GRACE_S
+    from rlcore.tasks.tiny import build_chat_tokenizer
     cfg = load_recipe("grpo_python_tool", ROOT / "recipes")
     dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
     dims.validate(QWEN25_15B["heads"], QWEN25_15B["kv_heads"])

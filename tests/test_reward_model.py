@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import train_cmd
-from rlcore import models, tiny
+from rlcore.models import build as models
+from rlcore.tasks import tiny
 from rlcore.config import ModelConfig
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, train_cmd
-from rlcore.cli import parse_argv
+from rlcore.config.cli import parse_argv
 from rlcore.sandbox import Sandbox, SandboxConfig, configure, shared
 
 SECRET = "RLCORE_SANDBOX_TEST_SECRET"

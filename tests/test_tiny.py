@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.sft import sft_loss
 
 

@@ -2,7 +2,7 @@
 encodable, quickly, and never raise (rlcore.rollout.toolcall, .tools, .observation). Seeded random texts
 built from the pieces that break parsers (markers, brackets, escapes, NaN, 5000-digit integers, lone
 surrogates, megabytes), plus the known worst cases one by one; each goes through all three formats, a
-ToolEnv's step within a turn's limits, and the startup path's real encoder (rlcore.tiny's chat tokenizer)."""
+ToolEnv's step within a turn's limits, and the startup path's real encoder (rlcore.tasks.tiny's chat tokenizer)."""
 import json
 import random
 import time
@@ -106,8 +106,8 @@ def random_texts(rng: random.Random, n: int) -> list[str]:
 def encode(tmp_path_factory):
     """The encoder the startup path builds (rlcore.rollout.envs.make_envs), on the tiny tool-calling tokenizer."""
     from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
-    from rlcore.preflight import load_inputs
-    from rlcore.tiny import build_chat_tokenizer
+    from rlcore.preflight.checks import load_inputs
+    from rlcore.tasks.tiny import build_chat_tokenizer
     tmp = tmp_path_factory.mktemp("fuzz")
     build_chat_tokenizer().save_pretrained(tmp / "model")
     (tmp / "train.jsonl").write_text(json.dumps({"prompt": "2+40?"}) + "\n")
@@ -212,7 +212,7 @@ def test_observations_are_cleaned_and_cut(encode):
 
 def test_content_a_template_refuses_fails_the_trajectory_not_the_run(tmp_path):
     from rlcore.rollout.observation import encoder
-    from rlcore.tiny import HERMES_TEMPLATE, build_chat_tokenizer
+    from rlcore.tasks.tiny import HERMES_TEMPLATE, build_chat_tokenizer
     strict = "{%- for m in messages %}{%- if 'BOOM' in m.content %}{{ raise_exception('refused') }}{%- endif %}" \
              "{%- endfor %}" + HERMES_TEMPLATE
     enc = encoder(build_chat_tokenizer(strict), 256, 64)

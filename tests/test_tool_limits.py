@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from rlcore import sandbox
+from rlcore.sandbox import pool as sandbox
 from rlcore.rollout import continuous
 from rlcore.rollout.env import Limits, call_all, time_left, within
 from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, python

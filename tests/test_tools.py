@@ -1,6 +1,6 @@
 """Native tool calls (rlcore.rollout.tools and .toolcall): schemas from typed functions, one-line startup
 errors, the parser of each model family, execution errors as messages the model reads (and their counts),
-tools rendered through a real chat template (rlcore.tiny's Hermes template on a character-level tokenizer)
+tools rendered through a real chat template (rlcore.tasks.tiny's Hermes template on a character-level tokenizer)
 on the startup path, and a tool-call rollout through the turn loop."""
 import asyncio
 import json
@@ -11,7 +11,7 @@ from rlcore.rollout.chat import check_prefix_preserving, observation_ids
 from rlcore.rollout.env import Step, as_step
 from rlcore.rollout.toolcall import PARSERS, ToolCall, parse_hermes, parse_llama3, parse_mistral
 from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, bad_tool_calls, python, tool_calls, tool_schema
-from rlcore.tiny import build_chat_tokenizer
+from rlcore.tasks.tiny import build_chat_tokenizer
 
 
 def add(a: int, b: float = 1.0) -> float:
@@ -283,7 +283,7 @@ def startup_config(tmp_path, template=None, chat_template=True):
 
 
 def test_startup_renders_the_tools_into_prompts(tmp_path):
-    from rlcore.preflight import load_inputs
+    from rlcore.preflight.checks import load_inputs
     tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
     prompt = tokenizer.decode(table[0]["prompt_ids"])
     assert prompt.startswith("<|im_start|>system\n# Tools")
@@ -332,8 +332,8 @@ def test_a_tool_call_rollout_reads_as_the_chat_it_is(tmp_path):
     """The turn loop (rlcore.rollout.turns) with a scripted engine, the startup path's Envs and a ToolEnv: the
     model calls a tool, the tool answers, the model answers. Prompt + tokens equal the chat template's render
     of the whole conversation (tools included) token for token; the answer ends the trajectory."""
-    from rlcore.preflight import load_inputs
-    from rlcore.rollout.engine import Sample
+    from rlcore.preflight.checks import load_inputs
+    from rlcore.engine.rollout_engine import Sample
     from rlcore.rollout.turns import Trajectory, rollout
     tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
     turns = ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 40}}\n</tool_call>', "It is 42."]

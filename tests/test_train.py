@@ -9,7 +9,7 @@ import pytest
 from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
-from rlcore.metrics import STEP_KEYS
+from rlcore.outputs.metrics import STEP_KEYS
 from test_run_report import PLAN_FACTOR
 
 SMALL = ("rollout.prompts_per_step=8", "rollout.group_size=4", "train.micro_batch_size=8")
@@ -47,7 +47,7 @@ def test_demo_recipe_learns_and_reports(tmp_path):
     assert config["algorithm"]["_target"] == "rlcore.algorithms.grpo.GRPO"
     assert list((tmp_path / "demo" / "tb").glob("events.out.tfevents.*"))
     assert f"eval/accuracy on 256 held-out prompts: start {100 * start:.1f}%" in proc.stderr + proc.stdout
-    # The first screen is rlcore's (rlcore/library_logs.py): no warning of vLLM's ("(MainProcess pid=..) WARNING")
+    # The first screen is rlcore's (rlcore/outputs/library_logs.py): no warning of vLLM's ("(MainProcess pid=..) WARNING")
     # or torch's C++ ("[rank0]:[W..."), no library's deprecation notice, no checkpoint-loading bar
     noise = re.findall(r".*(?:\) WARNING |\]:\[W\d|FutureWarning|DeprecationWarning|it/s\]).*", proc.stderr + proc.stdout)
     assert noise == [], noise[:5]

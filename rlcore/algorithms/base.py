@@ -1,7 +1,7 @@
 """The algorithm contract: what the trainer asks of the object a recipe puts in `cfg.algorithm`.
 
 rlcore keeps no registry: a recipe imports its algorithm and sets `cfg.algorithm = GRPO(...)`, and the core
-only ever talks to this contract. To write one, subclass `Algorithm` (or rlcore.objectives.PolicyLoss, which
+only ever talks to this contract. To write one, subclass `Algorithm` (or rlcore.algorithms.objectives.PolicyLoss, which
 already is one and brings the clipped policy loss, its aggregation, KL term and mismatch corrections) and
 implement `advantages`; every other hook has the default written here. `check` runs in preflight, so a
 missing piece is one error line before anything loads.
@@ -46,7 +46,7 @@ class Algorithm:
 
     def advantages(self, batch, reduce: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, dict]:
         """(advantages [B, T], 0 off batch.loss_mask; metrics {name: float}). `reduce(t)` sums a tensor over
-        ranks (rlcore.objectives.no_reduce in one process), for statistics of the global batch."""
+        ranks (rlcore.algorithms.objectives.no_reduce in one process), for statistics of the global batch."""
         raise NotImplementedError
 
     def returns(self, batch, reduce: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
+from rlcore.algorithms.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
 
 
 @dataclass

@@ -8,7 +8,7 @@ estimate of KL(pi_student || pi_T)(h_t)), the per-token advantage is
     A_t = task_weight * A_task - kl_weight * d_t
 
 where A_task is the group advantage of the task reward (GRPO's; task_weight 0 = pure distillation, the
-Thinking Machines recipe) and kl_weight is slime's lambda. The loss is rlcore.objectives.PolicyLoss on A_t.
+Thinking Machines recipe) and kl_weight is slime's lambda. The loss is rlcore.algorithms.objectives.PolicyLoss on A_t.
 
 Example, one sequence of three tokens: log pi = [-0.5, -2, -1], log pi_T = [-0.3, -3, -1] -> d = [-0.2, 1, 0];
 pure distillation (kl_weight 1) A = [0.2, -1, 0] and the sampled reverse KL is mean(d) = 0.266667; with a task
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import PolicyLoss, Reduce, global_token_mean, group_advantages, no_reduce
+from rlcore.algorithms.objectives import PolicyLoss, Reduce, global_token_mean, group_advantages, no_reduce
 
 
 def distill_advantages(old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor,

@@ -5,7 +5,7 @@ Paper, outcome supervision (eq. 3 and sec. 4.1.2): sample G responses o_1..o_G p
     A_i = (r_i - mean(r_1..r_G)) / std(r_1..r_G)                 for every token of o_i
     J = 1/G sum_i 1/|o_i| sum_t { min(ratio_it A_i, clip(ratio_it, 1 - e, 1 + e) A_i) - beta D_KL,it }
     D_KL,it = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1             (eq. 4, Schulman's k3)
-with ratio_it = pi_theta(o_it) / pi_old(o_it). The loss is rlcore.objectives.PolicyLoss.
+with ratio_it = pi_theta(o_it) / pi_old(o_it). The loss is rlcore.algorithms.objectives.PolicyLoss.
 
 Departures from the paper:
 - Loss aggregation is configurable and defaults to "token-mean" (DAPO), not the paper's per-sequence mean
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
+from rlcore.algorithms.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv:2507.18071), and GSPO-token.
 
-Paper: sample G responses y_i per prompt, group advantages A_i as GRPO (rlcore.objectives.group_advantages).
+Paper: sample G responses y_i per prompt, group advantages A_i as GRPO (rlcore.algorithms.objectives.group_advantages).
 The importance ratio is one per sequence, the geometric mean of its token ratios (eq. 7):
 
     s_i = (pi_theta(y_i | x) / pi_old(y_i | x)) ^ (1 / |y_i|) = exp(1/|y_i| sum_t log r_i,t)
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import PolicyLoss, Reduce, clipped_surrogate, group_advantages, masked_mean, no_reduce
+from rlcore.algorithms.objectives import PolicyLoss, Reduce, clipped_surrogate, group_advantages, masked_mean, no_reduce
 
 LEVELS = ("sequence", "token")
 

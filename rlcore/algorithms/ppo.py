@@ -1,14 +1,14 @@
 """PPO with a learned critic (Schulman et al. 2017, arXiv:1707.06347), as used for RLHF (Ouyang et al. 2022).
 
 Per response, the reward model's score arrives on the last token and an optional per-token KL penalty to the
-reference model is subtracted on every token (rlcore.objectives.token_rewards). The critic V estimates the
+reference model is subtracted on every token (rlcore.algorithms.objectives.token_rewards). The critic V estimates the
 return before each response token; Generalised Advantage Estimation (Schulman et al. 2016) gives
 
     delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last token is 0)
     A_t     = delta_t + gamma * lambda * A_{t+1}
     returns_t = A_t + V_t                          (the critic's regression target)
 
-The policy loss is rlcore.objectives.PolicyLoss on the (globally whitened) A_t. The critic minimises the
+The policy loss is rlcore.algorithms.objectives.PolicyLoss on the (globally whitened) A_t. The critic minimises the
 clipped value loss 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2), token-mean, with its own
 optimizer (the trainer steps it beside the policy's).
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch, Normaliser
-from rlcore.objectives import KLRewardPenalty, Reduce, masked_sum, masked_whiten, no_reduce
+from rlcore.algorithms.objectives import KLRewardPenalty, Reduce, masked_sum, masked_whiten, no_reduce
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float):

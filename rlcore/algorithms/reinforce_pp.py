@@ -1,14 +1,14 @@
 """REINFORCE++ (Hu 2025, arXiv:2501.03262): PPO's clipped loss without a critic.
 
 Per response, the reward arrives on the last token and a per-token KL penalty to the reference model is
-subtracted on every token (rlcore.objectives.token_rewards, k1 by default as in the paper). The advantage is
+subtracted on every token (rlcore.algorithms.objectives.token_rewards, k1 by default as in the paper). The advantage is
 the discounted return-to-go, whitened over the *global* batch (every rank's response tokens):
 
     G_t = sum_{s >= t} gamma^(s - t) r_s          A_t = (G_t - mean(G)) / std(G)
 
 REINFORCE++-baseline (baseline=True) first subtracts each prompt group's mean reward from its responses'
 rewards (a leave-none-out group baseline, as GRPO does, without the std division), then whitens globally.
-The loss is rlcore.objectives.PolicyLoss.
+The loss is rlcore.algorithms.objectives.PolicyLoss.
 
 Departures from the paper: the KL penalty is taken against pi_old's logprobs (the sampling policy), and
 whitening uses the population std over tokens.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from rlcore.batch import Batch
-from rlcore.objectives import KLRewardPenalty, Reduce, masked_whiten, no_reduce
+from rlcore.algorithms.objectives import KLRewardPenalty, Reduce, masked_whiten, no_reduce
 
 
 def returns_to_go(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """SFT: supervised fine-tuning, the negative log-likelihood of target tokens under teacher forcing.
 
-Not an RL algorithm: it warm-starts a policy before RL (rlcore.tiny uses it), and it is the smallest loss to
+Not an RL algorithm: it warm-starts a policy before RL (rlcore.tasks.tiny uses it), and it is the smallest loss to
 read first. Shapes follow rlcore.batch: position t of the logits scores token t + 1 of input_ids, so a
 sequence of L tokens gives T = L - 1 predictions.
 """
@@ -21,7 +21,7 @@ def sft_loss(
         loss = -sum_t loss_mask[t] * log p(input_ids[t + 1] | input_ids[:t + 1]) / num_tokens
 
     logits [B, L, V], input_ids [B, L], loss_mask [B, T = L - 1]: 1 where token t + 1 is a target (e.g. an
-    answer token), 0 on prompt and padding. A fractional mask weighs tokens: rlcore.tiny gives two answers
+    answer token), 0 on prompt and padding. A fractional mask weighs tokens: rlcore.tasks.tiny gives two answers
     to one prompt weights 0.2 and 0.8.
     num_tokens: the count to divide by. Default: this call's loss_mask.sum(). Pass the sum over every
     micro-batch and rank of one optimizer step (as the RL losses do) to make the gradient independent of how

@@ -98,7 +98,7 @@ def rollout(engine, trajs: list[Trajectory], envs: Envs, max_new_tokens: int, ma
             ) -> ContinuousStats:
     """Run every trajectory to its end, each at its own pace (see the module docstring). Same arguments as
     rlcore.rollout.turns.rollout, which this matches trajectory by trajectory, plus the two budgets (0 = none).
-    `engine` needs submit / step / busy / abort (rlcore.rollout.engine.RolloutEngine)."""
+    `engine` needs submit / step / busy / abort (rlcore.engine.rollout_engine.RolloutEngine)."""
     t0 = time.perf_counter()
     budget = min([b for b in (trajectory_timeout_s, step_deadline_s) if b] or [math.inf])
     runner = EnvRunner(envs.workers, min(envs.timeout_s, envs.turn_s), envs.max_tool_calls, t0 + budget)
@@ -193,7 +193,7 @@ def finish_turn(i: int, x: Trajectory, s, cap: int, envs: Envs, max_new_tokens: 
     x.turns.append(list(s.token_ids))
     stats.generated += len(s.token_ids)
     if envs.factory is None:
-        x.done = True  # single-turn (rule 1; rlcore/stream_turns.py runs those through here too)
+        x.done = True  # single-turn (rule 1; rlcore/modes/stream/turns.py runs those through here too)
     elif s.finish_reason == "length" and (envs.stop_ids or cap < max_new_tokens):
         x.done = x.truncated = True  # an incomplete action: never shown to the environment
     elif x.owner == tp_rank:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rlcore.config import RolloutConfig
-from rlcore.errors import describe
+from rlcore.config.errors import describe
 
 
 @dataclass

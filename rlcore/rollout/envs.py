@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rlcore import rewards
 from rlcore.data import render_prompt
-from rlcore.errors import describe
+from rlcore.config.errors import describe
 from rlcore.rollout.env import check_env
 from rlcore.rollout.observation import encoder
 from rlcore.rollout.tools import declared_tools
@@ -43,7 +43,7 @@ def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:
         from rlcore.rollout import chat
         chat.check_prefix_preserving(tokenizer)
     toolbox = declared_tools(env)
-    if toolbox and declared_tools(factory) is not toolbox:  # rlcore.preflight reads it from the factory
+    if toolbox and declared_tools(factory) is not toolbox:  # rlcore.preflight.checks reads it from the factory
         raise ValueError(f"rollout.env '{spec}' makes environments with tools but does not declare them itself, so "
                          f"prompts cannot show them: name the ToolEnv subclass, or set the factory's `toolbox`")
     if toolbox and not cfg.data.chat_template:

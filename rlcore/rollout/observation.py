@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from rlcore.errors import describe
+from rlcore.config.errors import describe
 
 CHARS_PER_TOKEN = 32  # characters kept per token of budget: far more than any tokenizer's average
 

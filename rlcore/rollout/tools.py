@@ -45,7 +45,7 @@ turn's deadline too (`[timeout: the turn's time ran out]`).
 
 Startup: `Toolbox(...)` checks the declarations and `check_template(tokenizer, model_path)` that the model's
 chat template renders the tools; prompts are rendered with `apply_chat_template(..., tools=toolbox.schemas)`
-(rlcore.preflight). The parsers of each family's call format are in rlcore.rollout.toolcall.
+(rlcore.preflight.checks). The parsers of each family's call format are in rlcore.rollout.toolcall.
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ import json
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Callable
 
-from rlcore import sandbox
-from rlcore.errors import one_line
+from rlcore.sandbox import pool as sandbox
+from rlcore.config.errors import one_line
 from rlcore.rollout.env import Env, Step, limits, time_left
 from rlcore.rollout.observation import clean
 from rlcore.rollout.toolcall import PARSERS, ToolCall, brief, json_type, parse
@@ -273,7 +273,7 @@ async def _until_deadline(coroutine):
 
 def declared_tools(env: Any) -> Toolbox | None:
     """The Toolbox an environment (class or instance) declares as `toolbox`, or None: its tools go into every
-    prompt (rlcore.preflight) and its chat template is checked at startup (rlcore.rollout.envs.make_envs)."""
+    prompt (rlcore.preflight.checks) and its chat template is checked at startup (rlcore.rollout.envs.make_envs)."""
     toolbox = getattr(env, "toolbox", None)
     return toolbox if isinstance(toolbox, Toolbox) else None
 

@@ -1,4 +1,4 @@
-"""Tiny multi-turn tasks for the 0.3M character model of rlcore.tiny, built locally like the demo.
+"""Tiny multi-turn tasks for the 0.3M character model of rlcore.tasks.tiny, built locally like the demo.
 
     guess.py       a game: find a hidden digit from higher / lower feedback in at most 4 guesses
     calculator.py  a tool: the demo's addition problems, with a calculator the model may call
@@ -8,7 +8,7 @@ Each task module holds its environment, its data files, its warm start (a short 
 and leaves headroom for RL), a cached atomic `prepare(cfg=None)` and a greedy evaluator. This file holds what
 they share: the SFT encoding of multi-turn sequences (an interleaved loss mask), a multi-turn rollout on the
 HF model (to check a warm start without vLLM, and to measure an exported model). Both cache their builds
-with rlcore.tiny.prepare_cached.
+with rlcore.tasks.tiny.prepare_cached.
 
 The HF rollout follows the ending rule of rlcore.rollout.turns: a turn ends at EOS, at one of the env's stop
 tokens or at its cap (max_new_tokens, or less where the token budget is nearly spent); a turn cut by its cap

@@ -1,4 +1,4 @@
-"""Addition with a calculator tool: the demo's task (rlcore.tiny), plus a tool the model may call.
+"""Addition with a calculator tool: the demo's task (rlcore.tasks.tiny), plus a tool the model may call.
 
     python -m rlcore.tasks.calculator    # build once into $RLCORE_CACHE/calculator-v1-...; prints the warm start
 
@@ -13,7 +13,7 @@ The reward is arithmetic_exact on the last model turn. `tool_calls` counts calls
 cost per call. The tool's text has no spaces: the tokenizer transformers loads from the saved tiny model
 (Qwen2Tokenizer, byte-level) drops them, so " 85=" would reach the trained model as "85=".
 
-Warm start: rlcore.tiny's (addition, then the forget-the-carry habit: greedy 17% on held-out problems), then
+Warm start: rlcore.tasks.tiny's (addition, then the forget-the-carry habit: greedy 17% on held-out problems), then
 TOOL_STEPS more steps on the same habit mixture plus COPY_ROWS tool-route sequences per step. Those carry loss
 on the "?" and on the copied answer and EOS, none on the problem or the tool's text (an interleaved mask). The
 copy gets full weight on every tool row, so the model learns to read the tool well; the "?" gets a weight
@@ -29,18 +29,18 @@ from pathlib import Path
 
 import torch
 
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.sft import sft_loss
 from rlcore.rewards import arithmetic_exact
 from rlcore.rollout.env import Env, Step
 from rlcore.tasks import encode_segments, play
-from rlcore.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
+from rlcore.tasks.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
 
-VERSION = f"calculator-v1-{tiny.VERSION}"  # bump when anything below (or rlcore.tiny) changes the build
+VERSION = f"calculator-v1-{tiny.VERSION}"  # bump when anything below (or rlcore.tasks.tiny) changes the build
 SEED = 0
 MAX_TURNS = 2  # a call and an answer
 TOOL_STEPS = 600  # optimizer steps after tiny's warm start, habit mixture + tool route
-BATCH = 32  # habit problems per step (as rlcore.tiny)
+BATCH = 32  # habit problems per step (as rlcore.tasks.tiny)
 COPY_ROWS = 32  # tool-route rows per step
 TOOL_SHARE = 0.1  # the call's share of the first-token probability the warm start aims at
 LR = 1e-3  # AdamW learning rate of the tool phase, decaying 10x linearly
@@ -154,7 +154,7 @@ def build(out_dir: Path) -> dict:
         model, tokenizer = AutoModelForCausalLM.from_config(tiny.tiny_config("qwen2")), tiny.build_tokenizer()
         tiny.warm_start(model, tokenizer)
         losses = tool_phase(model, tokenizer)
-        eval_rows = tiny.problem_set(tiny.EVAL_SIZE, tiny.SEED + 1, heldout=True)  # rlcore.tiny's held-out set
+        eval_rows = tiny.problem_set(tiny.EVAL_SIZE, tiny.SEED + 1, heldout=True)  # rlcore.tasks.tiny's held-out set
         measured = evaluate(model, tokenizer, eval_rows, samples=8)
     finally:
         torch.set_num_threads(threads)

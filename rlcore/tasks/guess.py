@@ -37,7 +37,7 @@ import torch
 from rlcore.algorithms.sft import sft_loss
 from rlcore.rollout.env import Env, Step
 from rlcore.tasks import encode_segments, play
-from rlcore.tiny import _save, build_tokenizer, cache_dir, prepare_cached, tiny_config
+from rlcore.tasks.tiny import _save, build_tokenizer, cache_dir, prepare_cached, tiny_config
 
 VERSION = "guess-v1"  # bump when anything below changes what gets built
 SEED = 0

@@ -2,7 +2,7 @@
 
     python -m rlcore.tasks.tooladd    # build once into $RLCORE_CACHE/tooladd-v2; prints the warm start
 
-The prompt is rlcore.tiny's Hermes chat template rendered with tools=: the system turn shows add's JSON schema,
+The prompt is rlcore.tasks.tiny's Hermes chat template rendered with tools=: the system turn shows add's JSON schema,
 the user turn is the problem ("47+38="). The model answers directly ("85<|im_end|>") or calls the tool:
 
     <tool_call>\\n{"name": "add", "arguments": {"a": 47, "b": 38}}\\n</tool_call><|im_end|>     model
@@ -12,13 +12,13 @@ the user turn is the problem ("47+38="). The model answers directly ("85<|im_end
 The reward is arithmetic_exact on the last model turn; ToolEnv.stats count the calls.
 
 Tokens: a pure character tokenizer makes the prompt 550 tokens (the schema line alone is 300 characters), and
-rlcore.tiny's model has 64 positions (this task's, 96). Like BPE merges of frequent strings, the task's
+rlcore.tasks.tiny's model has 64 positions (this task's, 96). Like BPE merges of frequent strings, the task's
 tokenizer adds one token per fixed line of the rendered conversation (the template's text, the schema, role
 headers, the call's JSON around its numbers), found by rendering a tool conversation: the prompt becomes 28
 tokens and a whole tool-route conversation 55. Numbers and the problem stay character by character.
 
-Warm start (one SFT from random init, like rlcore.tiny's and calculator.py's combined): LEARN_STEPS on right
-answers, then HABIT_STEPS on the correct / forgot-the-carry mixture (rlcore.tiny.SLOPPY), each step with
+Warm start (one SFT from random init, like rlcore.tasks.tiny's and calculator.py's combined): LEARN_STEPS on right
+answers, then HABIT_STEPS on the correct / forgot-the-carry mixture (rlcore.tasks.tiny.SLOPPY), each step with
 COPY_ROWS tool-route rows besides. Those carry loss on the call and on the copied answer, none on the prompt or
 the tool's text; the <tool_call> token gets a weight that makes the call TOOL_SHARE of the first-token targets.
 The start calls the tool on 7% of samples and copies its answer (100% right when it calls), but greedily answers
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import torch
 
-from rlcore import tiny
+from rlcore.tasks import tiny
 from rlcore.algorithms.sft import sft_loss
 from rlcore.rewards import arithmetic_exact
 from rlcore.rollout.tools import Toolbox, ToolEnv
 from rlcore.tasks import encode_segments, play
-from rlcore.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
+from rlcore.tasks.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
 
-VERSION = "tooladd-v2"  # bump when anything below (or rlcore.tiny's problems) changes the build
+VERSION = "tooladd-v2"  # bump when anything below (or rlcore.tasks.tiny's problems) changes the build
 SEED = 0
 VOCAB_SIZE = 128  # the chat tokenizer's 106 ids and the folded lines, padded up
 POSITIONS = 96  # max_position_embeddings: a tool-route conversation is 55 tokens
@@ -105,7 +105,7 @@ def folded_lines(tokenizer, schemas: list[dict]) -> list[str]:
 
 
 def build_tokenizer():
-    """rlcore.tiny's chat tokenizer (characters, ChatML specials, tool-call tags, the Hermes template) plus
+    """rlcore.tasks.tiny's chat tokenizer (characters, ChatML specials, tool-call tags, the Hermes template) plus
     one token per fixed line of the task's conversation."""
     tok = tiny.build_chat_tokenizer()
     tok.add_tokens(folded_lines(tok, AddEnv.toolbox.schemas))
@@ -220,7 +220,7 @@ def build(out_dir: Path) -> dict:
         tokenizer = build_tokenizer()
         model = AutoModelForCausalLM.from_config(model_config(tokenizer))
         losses = warm_start(model, tokenizer)
-        eval_rows = tiny.problem_set(tiny.EVAL_SIZE, tiny.SEED + 1, heldout=True)  # rlcore.tiny's held-out set
+        eval_rows = tiny.problem_set(tiny.EVAL_SIZE, tiny.SEED + 1, heldout=True)  # rlcore.tasks.tiny's held-out set
         measured = evaluate(model, tokenizer, eval_rows, samples=2)
     finally:
         torch.set_num_threads(threads)

@@ -18,10 +18,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore import models
+from rlcore.models import build as models
 from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
-from rlcore.rollout import RolloutEngine, agents
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.engine import RolloutEngine
+from rlcore.rollout import agents
 from rlcore.rollout.endpoint import MODEL, Endpoint
 from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.tasks import tooladd

@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from rlcore import update as update_stage
+from rlcore.train import update as update_stage
 
 update, calls = update_stage.update, [0]
 

@@ -12,11 +12,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore import models
+from rlcore.models import build as models
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import ModelConfig
-from rlcore.objectives import AGG_MODES, PolicyLoss, local_normaliser
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.algorithms.objectives import AGG_MODES, PolicyLoss, local_normaliser
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 
 model_dir, out = sys.argv[1], sys.argv[2]
 init_distributed()

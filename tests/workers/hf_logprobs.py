@@ -17,9 +17,10 @@ SEQUENCES = [[1, 7, 4, 13, 6, 11, 17, 8, 2], [1, 5, 5, 13, 9, 9, 17, 14, 12, 2],
 
 
 def trainer(model_dir: str, ckpt: str) -> list[list[float]]:
-    from rlcore import checkpoint, models
+    from rlcore.models import build as models
+    from rlcore.outputs import checkpoint
     from rlcore.config import ModelConfig, OptimConfig
-    from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+    from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 
     init_distributed()
     cfg = ModelConfig(path=model_dir)
@@ -39,7 +40,7 @@ def trainer(model_dir: str, ckpt: str) -> list[list[float]]:
 def hf(hf_dir: str) -> list[list[float]]:
     from transformers import AutoModelForCausalLM
 
-    from rlcore import models
+    from rlcore.models import build as models
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     with torch.no_grad():
         return [models.token_logprobs(model, torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long), 1.0)[0]

@@ -6,7 +6,7 @@ One engine (tensor parallel 2, LoRA on) for every scenario, to pay for one engin
 - adapter sync: three real optimizer steps of the adapters, each followed by a sync that writes a PEFT folder
   and loads it as a new adapter version; the engine's prompt logprobs (and sampled logprobs) against the
   trainer's, and against the base model's;
-- merged sync: three more steps, each streamed as full merged weights (W + s B A, rlcore/weights.py) with no
+- merged sync: three more steps, each streamed as full merged weights (W + s B A, rlcore/models/weights.py) with no
   LoRARequest. The production merged engine is built without LoRA; here the same engine takes the merged
   weights through the base reload, which is the path that engine uses.
 """
@@ -17,10 +17,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore import lora, models
+from rlcore.models import lora, build as models
 from rlcore.config import Config, LoraConfig, ModelConfig, OptimConfig, RolloutConfig
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
-from rlcore.rollout import RolloutEngine
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.engine import RolloutEngine
 
 model_dir, out = sys.argv[1], sys.argv[2]
 init_distributed()

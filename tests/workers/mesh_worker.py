@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 
 tp, out = int(sys.argv[1]), Path(sys.argv[2])
 init_distributed()

@@ -17,7 +17,7 @@ from vllm import SamplingParams
 
 from rlcore import rewards, trainer
 from rlcore.batch import Batch
-from rlcore.cli import parse_argv
+from rlcore.config.cli import parse_argv
 from rlcore.rollout import collect
 
 ROOT = Path(__file__).resolve().parents[2]

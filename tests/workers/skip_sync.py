@@ -7,7 +7,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from rlcore.rollout import engine
+from rlcore.engine import rollout_engine as engine
 
 engine.RolloutEngine.sync_weights = lambda self, model: engine.SyncStats(0.0, 0, 0)
 train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"

@@ -11,7 +11,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from rlcore.rollout import engine
+from rlcore.engine import rollout_engine as engine
 
 FAULT = os.environ["RLCORE_FAULT"]
 load = engine.RolloutEngine.load

@@ -8,7 +8,7 @@ import random
 import time
 from pathlib import Path
 
-from rlcore.cli import load_recipe
+from rlcore.config.cli import load_recipe
 from rlcore.config import Config
 from rlcore.rollout.tools import Toolbox, ToolEnv
 

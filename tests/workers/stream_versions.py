@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
-from rlcore.rollout.engine import RolloutEngine, redo_cpu_weight_processing
+from rlcore.engine.rollout_engine import RolloutEngine, redo_cpu_weight_processing
 
 
 def main(model_dir: str, run_dir: str, batch_pt: str, out: str) -> None:

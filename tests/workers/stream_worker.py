@@ -1,4 +1,4 @@
-"""torchrun worker: launch/train.py in streaming mode (rlcore/stream.py) with its timing or its ranks disturbed.
+"""torchrun worker: launch/train.py in streaming mode (rlcore/modes/stream/engine_side.py) with its timing or its ranks disturbed.
 
     SLOW=trainer:0.3 DUMP=/tmp/batches torchrun --nproc-per-node 2 tests/workers/stream_worker.py recipe=demo ...
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rlcore import stream, stream_trainer
+from rlcore.modes.stream import engine_side as stream, trainer_side as stream_trainer
 
 slow_side, _, seconds = os.environ.get("SLOW", ":0").partition(":")
 train_step, engine_step = stream_trainer.train_step, stream.Engine.step

@@ -12,10 +12,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore import models
+from rlcore.models import build as models
 from rlcore.config import Config, ModelConfig, OptimConfig, RolloutConfig
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
-from rlcore.rollout import RolloutEngine
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.engine import RolloutEngine
 
 model_dir, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 policy_first = sys.argv[4:] == ["policy-first"]
@@ -44,7 +44,7 @@ with torch.no_grad():
     trainer = models.token_logprobs(policy, seqs, torch.ones_like(seqs), 1.0)  # [3, 15]
 stale = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
 # The stream with the next unit's all-gather overlapped equals the one-after-the-other stream, bit for bit.
-from rlcore.weights import checkpoint_weights
+from rlcore.models.weights import checkpoint_weights
 streams = [list(checkpoint_weights(policy, dtype=engine.dtype, overlap=o)) for o in (False, True)]
 stream_mismatch = [a[0] for a, b in zip(*streams) if a[0] != b[0] or not torch.equal(a[1], b[1])]
 stream_mismatch += ["<count>"] if len(streams[0]) != len(streams[1]) else []

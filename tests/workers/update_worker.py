@@ -21,12 +21,13 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from rlcore import forward, models, packing, update
+from rlcore.models import build as models
+from rlcore.train import forward, packing, update
 from rlcore.algorithms.ppo import PPO
 from rlcore.batch import Batch
 from rlcore.config import Config, CriticConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
-from rlcore.objectives import AGG_MODES
-from rlcore.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.algorithms.objectives import AGG_MODES
+from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.run import Trainer
 
 BUDGETS = (0, 16, 40)  # 16: rank 0's 30- and 25-token sequences exceed it and run alone

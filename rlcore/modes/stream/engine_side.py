@@ -1,0 +1,386 @@
+"""Streaming: the split mesh's engines never drain; new weights load between two engine steps under requests in flight.
+
+    torchrun --nproc-per-node 3 launch/train.py recipe=demo rollout.ranks=1 rollout.stream=true \
+        rollout.max_staleness=1 algorithm.tis_cap=2
+
+The batch-level split (rlcore/modes/split.py) samples each batch whole with one version and waits for its longest
+sample. Here each engine (E = rollout.ranks / T engines of T = rollout.tensor_parallel ranks) keeps up to
+rollout.max_running trajectories in flight and admits its next prompt group (group_size trajectories, seeds as
+split's) as soon as there is room, across step boundaries. Engine e streams its own P = prompts_per_step / E
+groups of every batch (the rows split deals it: its prompt stream), batch b being its groups [(b-1)P, bP), in
+order; the trainers take batch b whole, the engines' shares in engine order, so every batch is the same rows in
+the same order as colocated and split. The text below speaks of one engine; each engine runs it on its own.
+
+Multi-turn (rollout.env, rlcore/modes/stream/turns.py): a trajectory's turns are requests of their own and may span
+versions; its environment runs on the engine's first rank, and its answers join the engine at an engine step fixed by
+the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
+engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
+its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
+rlcore/modes/stream/agents.py): each call is a turn, and the agent's next call (or its end) joins as an answer does.
+
+Versions and staleness (k = rollout.max_staleness). A group of batch b is admitted only while the engine holds
+a version >= b - 1 - k (admission control). Its tokens are then sampled by that version or newer ones, and the
+trainers train batch b from version b - 1: no token is ever more than k versions old, and nothing is dropped
+(`async/dropped_samples` is 0 by construction; long groups wait in the engine, they are never thrown away).
+vLLM labels every token with the version the engine held at the step that sampled it (Sample.versions); the
+batch carries them per token (Batch.token_versions) and per sequence its oldest (Batch.versions).
+
+When versions load (deterministic: a function of the data and the config, never of arrival time). The engine
+alternates two events, as the trainers do: hand over batch b (when all its groups are done), then load version
+b, then hand over b + 1, ... Version v (v <= the batches handed) loads at the first step boundary where the
+engine has no request running, or where batch v + 1 is complete, or where admission is blocked by the version
+(there is room, and the next group needs a newer one). If the trainers are late, the engine waits there, its
+requests frozen. Save and eval steps drain first: no admission after batch v is handed, until no trajectory is
+in flight (environment calls included).
+
+Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
+steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
+its own: rlcore.distributed.collectives.scoped(ALONE)) and hands its share over; the other ranks hold the same trajectories
+without environments. At every step boundary one all_gather over the engine's ranks (Engine.sync) carries what the
+decisions read: the answers or agent events that join there, the trajectories over budget, signals, the first
+error and (free loads) whether the lead heard of the next version. Every rank then admits, joins, aborts, loads and
+exchanges alike, and each token's version is the same on every rank.
+
+Several engines (E > 1). Each engine's load points are functions of its own data, and every engine makes the same
+exchanges in the same order (below), so their collectives pair up; an engine that reaches a hand-over first waits
+there for the others (its requests frozen), as it waits for late trainers. At hand-over b the engines' leads agree
+that every share of batch b is complete (or none is handed) and sum its metrics among themselves (Link.leads,
+as split sums over its rollout ranks); after each load the probe's gap is the worst engine's and every engine
+evaluates, or none. stream/* and the engine side's time/* are the first engine's.
+
+Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
+trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
+the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need.
+Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints
+hold as above.
+
+KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
+reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
+next token, so each token is sampled by exactly one version over KV of that version (a prefill per running
+request per load). The same reset empties the prefix cache, so between two loads it holds only prefixes the
+engine's current version computed: a group's prompt and a trajectory's earlier turns are read from it, and no
+prefix ever reaches a request of another version.
+
+After each load the engine scores the fixed probe batch beside the requests in flight (prompt logprobs, no
+cached prefix) against the trainers' logprobs: above rollout.logprob_diff_threshold every rank stops (exit 3).
+
+The two sides meet at these exchanges, always in this order (rlcore/modes/transfer.py): hand-over b (all_gather over
+every rank: batch b, errors, stop signals, the probe), weights b (the trainers' header + units into the engine's
+in-place reload), control b (all_gather: the probe's verdict, stop signals; the checkpoint when due).
+Checkpoints drain (above) and save after a load: exact resume. A signal (SIGTERM/SIGUSR1) sends the engine to
+its next exchange at once; in-flight trajectories are dropped (requests aborted, environment calls abandoned) and
+their groups re-admitted from scratch on resume (complete and nothing lost, but not the numbers of a straight
+run). Worst case from the signal to exit 75: the engine step (or, lockstep, the wait for a due tool answer, at
+most rollout.env_timeout_s) in progress, one trainer step, one transfer, the probe and the save. With several
+engines, a signal that reaches one engine only (Slurm's reaches them all) waits until the others come to the
+same exchange: at worst until each finishes its share of the batch.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error, set_scope
+from rlcore.rollout.collect import rollout_seed
+from rlcore.modes.split import PROBE_ROWS, own_state, trainers_state
+from rlcore.modes.stream.agents import AgentTurns
+from rlcore.modes.stream.trainer_side import train_side
+from rlcore.modes.stream.turns import Turns
+from rlcore.modes.transfer import Link, exchange, error_in, receive_weights
+
+if TYPE_CHECKING:
+    from rlcore.modes.loop import Loop
+    from rlcore.run import Run
+
+
+class Engine:
+    """Ranks [0, R): one engine's loop (this rank's) and everything it carries between steps (what a checkpoint
+    saves)."""
+
+    def __init__(self, run: Run, link: Link, loop: Loop):
+        cfg, r = run.cfg, run.cfg.rollout
+        self.run, self.link, self.loop, self.stop = run, link, loop, loop.stop
+        self.lead = run.rollout.tp_rank == 0  # tensor parallelism: environments, scores, batches on the first rank
+        # engine e of E (rollout.ranks / T): its P = prompts_per_step / E groups of each batch, as split deals them
+        self.E, self.e = run.dims.rollout_groups, run.rollout.group
+        self.P, self.G = r.prompts_per_step // self.E, r.group_size
+        self.k, self.steps = r.max_staleness, cfg.train.steps
+        self.max_running = r.max_running or self.P * self.G
+        self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
+        # the trajectories in flight, and the finished groups (rlcore/modes/stream/turns.py; agents: stream_agents.py)
+        self.turns = (AgentTurns if run.rollout.envs.agent is not None else Turns)(run)
+        self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
+        self.handed, self.probe, self.scores = 0, None, {}
+        self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
+        self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
+        # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
+        self.stopped, self.error, self.arrived = False, None, False
+
+    # ---- the state of the schedule (the same numbers in every run of a config) ----
+
+    def batch_of(self, g: int) -> int:
+        return g // self.P + 1
+
+    def complete(self, b: int) -> bool:
+        return all(g in self.turns.done for g in range(self.P * (b - 1), self.P * b))
+
+    def next_admit(self) -> int | None:
+        g = self.todo[0] if self.todo else self.next_group
+        return g if g < self.P * self.steps else None
+
+    def blocked(self) -> bool:
+        """Room for a group, but the next one needs a newer version than the engine holds."""
+        g = self.next_admit()
+        return g is not None and len(self.turns.flying) + self.G <= self.max_running and \
+            self.batch_of(g) - 1 - self.k > self.run.engine.version
+
+    def draining(self) -> bool:
+        v = self.handed
+        return self.run.engine.version < v and (self.loop.save_due(v) or self.evals(v))
+
+    def evals(self, v: int) -> bool:
+        return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
+
+    def load_due(self) -> bool:
+        """Now, if nothing runs in the engine (a drain also waits for every trajectory to end), or batch
+        handed + 1 is complete, or admission waits for this version."""
+        if self.stopped or self.error or not self.turns.flying:
+            return True
+        if self.draining():
+            return False
+        if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
+            return self.arrived
+        return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
+
+    # ---- the loop ----
+
+    def serve(self) -> dict:
+        engine = self.run.engine
+        while engine.version < self.steps:
+            self.sync()  # the environments' answers due at this step boundary, signals, errors
+            if engine.version == self.handed:  # next exchange: hand over batch handed + 1
+                if self.complete(self.handed + 1) or self.stopped or self.error:
+                    self.hand_over(self.handed + 1)
+                    continue
+            elif self.load_due():  # next exchange: load version handed
+                self.load(self.handed)
+                continue
+            self.admit()
+            self.step()
+        self.turns.close()
+        return self.loop.summary
+
+    def sync(self) -> None:
+        """What this step boundary's decisions read, the same on every rank of the engine: the environments'
+        answers that join here (they run on the lead, its first rank), the trajectories over budget (the lead's
+        clock), whether a signal arrived, the first error and (free loads) whether the lead heard the next version
+        waits. With tensor parallelism one all_gather over the engine's ranks carries them, so every rank then
+        makes the same engine calls (vLLM's TP needs that)."""
+        answers, late = self.turns.ready()
+        stopped, error = self.stop.received, self.turns.error
+        arrived = self.waiting is not None and self.waiting.is_set()
+        if self.run.dims.tp > 1:
+            parts = gather((answers, late, stopped, error, arrived), self.run.rollout.tp_group, self.run.dims.tp)
+            answers = {key: a for part in parts for key, a in part[0].items()}
+            late, stopped, arrived = parts[0][1], any(p[2] for p in parts), parts[0][4]
+            error = next((p[3] for p in parts if p[3]), None)
+        self.stopped, self.error, self.arrived = stopped, error, arrived
+        self.turns.error = self.turns.error or error
+        self.turns.join(answers, late)
+
+    def admit(self) -> None:
+        if self.draining():
+            return
+        while (g := self.next_admit()) is not None and len(self.turns.flying) + self.G <= self.max_running:
+            b = self.batch_of(g)
+            if b - 1 - self.k > self.run.engine.version:
+                return
+            if g not in self.rows:  # the whole batch's rows, drawn from the prompt stream in order
+                self.rows |= {self.P * (b - 1) + i: row for i, row in enumerate(self.run.rollout.prompts.next_batch())}
+            if self.todo:
+                self.todo.remove(g)
+            self.next_group = max(self.next_group, g + 1)
+            self.turns.admit(g, self.rows[g], self.seed(g), self.G)
+
+    def seed(self, g: int) -> int:
+        return rollout_seed(self.run.cfg.seed, self.batch_of(g), self.e * self.P + g % self.P, self.G)
+
+    def step(self) -> None:
+        """One engine step (or, with nothing to decode while environments answer, on to their next join)."""
+        if self.turns.due and not self.run.engine.busy():
+            self.turns.idle()
+            return
+        t0, running = time.perf_counter(), len(self.turns.live)
+        finished = self.run.engine.step()
+        self.turns.tick += 1
+        for rid, sample in finished:
+            if rid.startswith("probe."):
+                self.scores[rid] = sample.prompt_logprobs
+            else:
+                self.turns.finished(rid, sample)
+        self.clock["steps"] += 1
+        self.clock["running"] += running
+        self.clock["busy_s"] += (time.perf_counter() - t0) * running / self.max_running
+        self.clock["step_s"] += time.perf_counter() - t0
+
+    # ---- the exchanges ----
+
+    def hand_over(self, b: int) -> None:
+        """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
+        share, groups = None, list(range(self.P * (b - 1), self.P * b))
+        error = self.error or self.turns.error  # the lead's own: a group scored since the agreement may have failed
+        if self.lead:
+            ready = self.complete(b) and error is None
+            if self.E > 1:  # every engine's share of batch b, or none: their first ranks agree
+                ready = all(gather(ready, self.link.leads, self.E))
+            if ready:
+                share, self.pending[b] = self.turns.batch(groups, self.G, self.link.leads or ALONE)
+            if b == 1 and ready and dist.get_rank() == 0:
+                self.probe = [row[keep].tolist() for row, keep in
+                              zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
+        messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,
+                                        "probe": self.probe, "loop": self.loop.state})
+        if error_in(messages):
+            raise RunError(error_in(messages))
+        self.probe = messages[0]["probe"]
+        self.loop.state = trainers_state(self.run, messages)
+        if messages[0]["batch"] is not None:  # handed over (every engine's share): let go of it
+            if not self.lead:
+                self.pending[b] = {}
+                for g in groups:
+                    del self.turns.done[g]
+            for g in groups:
+                del self.rows[g]
+            self.handed = b
+            if self.run.cfg.rollout.free_loads and self.lead:
+                self.waiting = listen(self.link)
+        if any(m["stop"] for m in messages):
+            self.stopping(b - 1)
+
+    def load(self, v: int) -> None:
+        """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
+        run, t0 = self.run, time.perf_counter()
+        if self.waiting is not None:
+            self.waiting.wait()
+            self.waiting = None
+        header = receive_weights(run, self.link)
+        if header.get("error"):
+            raise RunError(header["error"])
+        self.clock["wait_s"] += time.perf_counter() - t0 - header["receive_s"]
+        for i, seq in enumerate(self.probe):
+            run.engine.submit_probe(f"probe.{v}.{i}", seq)
+        while len(self.scores) < len(self.probe):
+            self.step()
+        got = [self.scores.pop(f"probe.{v}.{i}") for i in range(len(self.probe))]
+        gap = max(abs(a - b) for g, e in zip(got, header["probe"]) for a, b in zip(g, e))
+        if self.run.dims.rollout_ranks > 1:  # the worst engine's (a collective over the rollout ranks, at load v)
+            gap = all_max(gap)
+        metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
+            "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
+            "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
+        error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
+        if self.stopped:  # the run ends after this step: the eval below must find the engine empty
+            self.drop()
+        if gap > run.cfg.rollout.logprob_diff_threshold:
+            error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
+                     f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
+                     f"holds other weights than the trainers sent (transfer failed)")
+        if self.run.dims.rollout_ranks > 1:  # every engine and rank evaluates (a collective over them), or none
+            error = first_error(error, self.link.rollout)
+        if error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
+            self.loop.evaluate(v, metrics)
+        self.loop.record(v, metrics)
+        messages = exchange(self.link, {"error": error, "stop": self.stop.received, "loop": self.loop.state})
+        if error_in(messages):
+            raise RunError(error_in(messages))
+        self.loop.state = trainers_state(run, messages)
+        if any(m["stop"] for m in messages):
+            self.stopping(v)
+        if self.loop.save_due(v):
+            self.save(v)
+
+    def stopping(self, step: int) -> None:
+        """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
+        checkpoint of `step`, then every rank exits 75."""
+        self.drop()
+        raise self.loop.preempted(step, self.save(step) if step > 0 else None)
+
+    def drop(self) -> None:
+        self.todo = sorted(set(self.todo) | set(self.turns.drop()))
+
+    def save(self, step: int):
+        """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
+        state = {"rows": self.rows, "done": self.turns.done, "next_group": self.next_group, "todo": self.todo,
+                 "handed": self.handed, "probe": self.probe, "pending": self.pending}
+        return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
+
+    def restore(self, state: dict) -> None:
+        self.rows, self.turns.done, self.next_group, self.todo = (state["rows"], state["done"], state["next_group"],
+                                                                  state["todo"])
+        self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
+
+    # ---- metrics ----
+
+    def engine_metrics(self) -> dict[str, float]:
+        """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
+        every run), the same weighted by wall time (stalls count as empty), the time waiting for weights, and the time
+        in engine steps (time/collect_s: the engine side's busy time in the summary's split line)."""
+        c, now = self.clock, time.perf_counter()
+        wall = now - c["t"]
+        metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
+                   "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
+                   "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
+                   "time/collect_s": c["step_s"], "time/wall_s": wall}
+        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": now}
+        return metrics
+
+
+@watchdog.stage("streaming agreement", waits=True)
+def gather(mine, group, size: int) -> list:
+    """Every rank's `mine` in `group` (an engine's ranks at a step boundary, or the engines' first ranks at a
+    hand-over), in rank order."""
+    parts = [None] * size
+    dist.all_gather_object(parts, mine, group=group)
+    return parts
+
+
+def listen(link: Link) -> threading.Event:
+    """rollout.free_loads: set once the trainers say the next version waits. A thread receives it: gloo's
+    irecv only completes inside wait(), so polling it from the engine loop would never see it."""
+    arrived = threading.Event()
+
+    def receive() -> None:
+        dist.recv(torch.zeros(1, dtype=torch.long), src=link.leader, group=link.ready)
+        arrived.set()
+
+    threading.Thread(target=receive, name="rlcore-free-loads", daemon=True).start()
+    return arrived
+
+
+def generate_side(run: Run, link: Link, loop: Loop) -> dict:
+    """Ranks [0, R): this rank's streaming engine (after the resume, or the start-of-run eval), then the loop."""
+    engine = Engine(run, link, loop)
+    loop.begin({})
+    if run.resume_from is not None:
+        engine.restore(own_state(run))
+        receive_weights(run, link)  # the checkpointed weights (logged already)
+        if run.cfg.rollout.free_loads and engine.lead and engine.handed > run.engine.version:
+            engine.waiting = listen(link)  # stopped after handing batch `handed` over: its version is told next
+    engine.clock["t"] = time.perf_counter()
+    return engine.serve()
+
+
+def train(run: Run, loop: Loop) -> dict[str, float]:
+    """Both sides of the streaming loop; returns the summary on the engine ranks ({} on the trainer ranks)."""
+    if run.dims.generates(dist.get_rank()):
+        set_scope(run.link.rollout)
+        return generate_side(run, run.link, loop)
+    set_scope(run.trainer.group)
+    train_side(run, run.link, loop)
+    return {}

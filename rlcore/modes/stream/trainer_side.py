@@ -1,0 +1,99 @@
+"""Streaming's trainer side (the contract is rlcore/modes/stream/engine_side.py's docstring): ranks [R, W) take batch t at hand-over t,
+train step t from version t - 1, send version t into the engine's in-flight load, then meet the engine at the
+control exchange (the checkpoint when due or asked for). Per-token staleness is measured here.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from rlcore.batch import Batch
+from rlcore.distributed.collectives import RunError, all_max, all_sum
+from rlcore.modes.split import my_slice, own_state, probe_logprobs, train_step, trainers_state
+from rlcore.modes.transfer import Link, error_in, exchange, send_weights
+
+if TYPE_CHECKING:
+    from rlcore.modes.loop import Loop
+    from rlcore.run import Run
+
+
+def train_side(run: Run, link: Link, loop: Loop) -> None:
+    """Ranks [R, W): take batch t, train step t, send version t, then the control exchange (and checkpoint)."""
+    steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
+    leads = range(0, run.dims.rollout_ranks, run.dims.tp)  # each engine's first rank: it hands the engine's share over
+    probe = None
+
+    def agree(mine: dict) -> list[dict]:
+        messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
+                                          "loop": loop.state if leader else None})
+        if error_in(messages):
+            raise RunError(error_in(messages))
+        loop.state = trainers_state(run, messages)
+        return messages
+
+    def save(step: int, batch: Batch | None):
+        return loop.save(step, run.trained_models(), {"split": {"batch": batch, "probe": probe}},
+                         writer=run.dims.rollout_ranks)
+
+    def take(b: int) -> Batch | None:
+        """Hand-over b: this rank's slice of batch b (None when a signal ended the engine's batch early)."""
+        nonlocal probe
+        messages = agree({"batch": None, "probe": None})
+        probe = messages[0]["probe"]
+        shares = [messages[lead]["batch"] for lead in leads]
+        batch = my_slice(run, messages, shares) if all(s is not None for s in shares) else None
+        if any(m["stop"] for m in messages):
+            raise loop.preempted(b - 1, save(b - 1, batch) if b > 1 else None)
+        return batch
+
+    def control(t: int) -> None:
+        """After the engine loaded version t: the checkpoint when due or asked for."""
+        stopping = any(m["stop"] for m in agree({}))
+        path = save(t, None) if stopping or loop.save_due(t) else None
+        if stopping:
+            raise loop.preempted(t, path)
+
+    start = loop.begin(run.trained_models())
+    if run.resume_from is not None:
+        state = own_state(run)
+        batch, probe = state["batch"], state["probe"]
+        send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
+        batch = take(start + 1) if batch is None else batch
+    else:
+        batch = take(1)
+    for t in range(start + 1, steps + 1):
+        error, metrics = None, {}
+        try:
+            metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
+            loop.count(t, metrics)
+            loop.check_skipped(t)
+        except RunError as e:  # the engine must hear of it before every rank stops
+            error = str(e)
+        header = {"version": t, "metrics": metrics, "error": error,
+                  "probe": probe_logprobs(run, probe) if error is None else None}
+        # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
+        told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in leads] \
+            if link.ready is not None and leader else []
+        send_weights(run, link, header)
+        for sent in told:
+            sent.wait()
+        if error:
+            raise RunError(error)
+        control(t)
+        if t < steps:
+            batch = take(t + 1)
+        if loop.export_due(t):
+            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
+
+
+def token_staleness(batch: Batch, t: int) -> dict[str, float]:
+    """Per token, over every trainer rank: versions behind the weights step t trains from (t - 1), mean and max,
+    and the distinct versions per sequence."""
+    mask = batch.loss_mask.bool()  # [B, T]
+    behind = ((t - 1) - batch.token_versions)[mask]
+    per_seq = sum(len(set(v[m].tolist())) for v, m in zip(batch.token_versions, mask))
+    tokens, behind_sum, spans, n = all_sum(mask.sum().item(), behind.sum().item(), per_seq, len(batch))
+    return {"async/token_staleness_mean": behind_sum / tokens, "async/token_staleness_max": all_max(behind.max().item()),
+            "async/versions_per_sample": spans / n}

@@ -1,0 +1,121 @@
+"""The split mesh's two channels between rollout and trainer ranks (rlcore/modes/split.py drives them): the weights,
+unit by unit from the first trainer rank into each engine's in-place reload, and the batches with errors and stop
+signals, over gloo between every rank. Every rank makes the groups; each side calls its half in the same order."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from rlcore.distributed import watchdog
+from rlcore.distributed.parallel import device_type, new_group
+from rlcore.models.weights import checkpoint_units
+
+if TYPE_CHECKING:
+    from rlcore.run import Run
+
+
+@dataclass
+class Link:
+    """The process groups of a split mesh, made on every rank in the same order (new_group is collective)."""
+    rollout: object  # ranks [0, R): the rollout side's own collectives
+    weights: object  # rank R and ranks [0, R): the transfer's broadcasts (the default backend: NCCL on GPU)
+    headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
+    objects: object  # every rank over gloo: batches, errors and stop signals
+    leader: int  # R, the first trainer rank: it sends the weights
+    # streaming (rlcore/modes/stream/engine_side.py), several engines: their first ranks (the batch's metrics: the default backend, as
+    # `rollout`, since rlcore.distributed.collectives' sums are device tensors)
+    leads: object = None
+    ready: object = None  # rollout.free_loads: rank R and each engine's first rank over gloo, "version v waits"
+
+    @staticmethod
+    def make(rollout_ranks: int, world: int, tp: int = 1, stream: bool = False, free_loads: bool = False) -> Link:
+        side, leads = list(range(rollout_ranks)), list(range(0, rollout_ranks, tp))
+        return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
+                    new_group(list(range(world)), "gloo"), rollout_ranks,
+                    new_group(leads) if stream and len(leads) > 1 else None,
+                    new_group(leads + [rollout_ranks], "gloo") if free_loads else None)
+
+
+# ---- the two halves of an exchange -------------------------------------------------------------------------
+
+@watchdog.stage("send weights")
+def send_weights(run: Run, link: Link, header: dict) -> tuple[float, int]:
+    """Trainer ranks (a collective over them, for the FSDP2 gathers); rank R broadcasts. Returns (seconds,
+    bytes). With an error in the header nothing follows it."""
+    t0, leader = time.perf_counter(), dist.get_rank() == link.leader
+    if leader:
+        dist.broadcast_object_list([header], src=link.leader, group=link.headers)
+    if header.get("error"):
+        return 0.0, 0
+    sent = 0
+    for unit in checkpoint_units(run.trainer.policy, dtype=run.engine.dtype):
+        if leader:
+            meta = [(name, tuple(t.shape), t.dtype) for name, t in unit.items()]
+            dist.broadcast_object_list([meta], src=link.leader, group=link.headers)
+            for flat in _flat_by_dtype(unit):
+                dist.broadcast(flat, src=link.leader, group=link.weights)
+                sent += flat.numel() * flat.element_size()
+    if leader:
+        dist.broadcast_object_list([None], src=link.leader, group=link.headers)
+    return time.perf_counter() - t0, sent
+
+
+@watchdog.stage("receive weights", waits=True)
+def receive_weights(run: Run, link: Link) -> dict:
+    """Rollout ranks: the header, then (without an error) the weights, streamed into the engine's reload.
+    The engine's version becomes the header's."""
+    box = [None]
+    dist.broadcast_object_list(box, src=link.leader, group=link.headers)
+    header = box[0]
+    if header.get("error"):
+        return header
+    t0, received = time.perf_counter(), [0]
+
+    def stream():
+        while True:
+            dist.broadcast_object_list(box, src=link.leader, group=link.headers)
+            if box[0] is None:
+                return
+            meta = box[0]
+            for dtype in sorted({d for _, _, d in meta}, key=str):
+                entries = [(n, s) for n, s, d in meta if d == dtype]
+                flat = torch.empty(sum(math.prod(s) for _, s in entries), dtype=dtype, device=device_type())
+                dist.broadcast(flat, src=link.leader, group=link.weights)
+                received[0] += flat.numel() * flat.element_size()
+                offset = 0
+                for name, shape in entries:
+                    yield name, flat[offset:offset + math.prod(shape)].view(shape)
+                    offset += math.prod(shape)
+
+    weights = stream()
+    run.engine.load(weights)
+    for _ in weights:  # whatever the reload did not ask for: the broadcasts must still pair up
+        pass
+    run.engine.version = header["version"]
+    header["receive_s"], header["receive_bytes"] = time.perf_counter() - t0, received[0]
+    return header
+
+
+def _flat_by_dtype(unit: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """One flat buffer per dtype, in the order `receive_weights` reads them (dtypes sorted by name)."""
+    dtypes = sorted({t.dtype for t in unit.values()}, key=str)
+    return [torch.cat([t.reshape(-1) for t in unit.values() if t.dtype == d]) for d in dtypes]
+
+
+@watchdog.stage("exchange", waits=True)
+def exchange(link: Link, mine: dict) -> list[dict]:
+    """Every rank's message to every rank (a collective over the whole world, gloo)."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine, group=link.objects)
+    return out
+
+
+def error_in(messages: list[dict]) -> str | None:
+    return next((m["error"] for m in messages if m and m.get("error")), None)
+
+
