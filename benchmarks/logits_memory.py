@@ -37,8 +37,8 @@ def worker(args) -> None:
 
     import torch
 
-    from rlcore.models import build as models
     from rlcore.config import ModelConfig
+    from rlcore.models import build as models
     from rlcore.outputs.metrics import reset_peak_memory
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -37,8 +37,8 @@ RANK = 16  # recipe=demo_lora's lora.rank; the sync-bytes goal is stated at r=16
 
 def optimizer_bytes(model_dir: Path, lora: bool) -> int:
     """AdamW m + v in fp32 over the trained parameters (all of them, or the LoRA adapters only)."""
-    from rlcore.preflight import plan
     from rlcore.config import LoraConfig
+    from rlcore.preflight import plan
 
     if not lora:
         return 8 * param_count(model_dir)

@@ -56,12 +56,12 @@ def worker(args) -> None:
     """One contender in this process: warm-up, then timed updates; prints one JSON line."""
     import torch
 
-    from rlcore.models import build as models
-    from rlcore.train import forward, update
-    from rlcore.run import Trainer
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import ModelConfig, OptimConfig, RolloutConfig, TrainConfig, Config
     from rlcore.distributed.parallel import init_distributed
+    from rlcore.models import build as models
+    from rlcore.run import Trainer
+    from rlcore.train import forward, update
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.one_row:  # the packing before split rows: every micro-batch one long packed row

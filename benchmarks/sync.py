@@ -38,10 +38,10 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from rlcore.models import build as models
     from rlcore.config import Config, ModelConfig, RolloutConfig
     from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
     from rlcore.engine import RolloutEngine
+    from rlcore.models import build as models
     from rlcore.models.weights import checkpoint_weights
 
     init_distributed()
@@ -111,9 +111,9 @@ def split_contenders(cfg, engine, nbytes: int, world: int, rank: int) -> dict:
     import torch
     import torch.distributed as dist
 
+    from rlcore.distributed.parallel import ParallelDims, build_meshes
     from rlcore.models import build as models
     from rlcore.modes import transfer
-    from rlcore.distributed.parallel import ParallelDims, build_meshes
     R = world - 1
     trainer_mesh, _ = build_meshes(ParallelDims(world, 1, R))  # collective: the trainers' own FSDP group
     link = transfer.Link.make(R, world)

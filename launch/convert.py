@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore.models import lora# noqa: E402
-from rlcore.outputs import checkpoint, export
 from rlcore.config import LoraConfig  # noqa: E402
+from rlcore.models import lora  # noqa: E402
+from rlcore.outputs import checkpoint, export  # noqa: E402
 
 
 def convert(ckpt: Path, out: Path, model: str = "policy") -> None:

@@ -24,9 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore.config import help as config_help# noqa: E402
-from rlcore.preflight import plan
+from rlcore.config import help as config_help  # noqa: E402
 from rlcore.config.cli import parse_argv  # noqa: E402
+from rlcore.preflight import plan  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

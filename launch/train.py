@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
-from rlcore.outputs import library_logs# noqa: E402  (the standard library only)
+from rlcore.outputs import library_logs  # noqa: E402  (the standard library only)
 
 # Other libraries' startup notes hidden (logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 show them); torch
 # reads its C++ log level once, at import, so this comes first.
@@ -49,12 +49,12 @@ library_logs.before_imports(sys.argv[1:])
 
 import torch.distributed as dist  # noqa: E402
 
-from rlcore.config import help as config_help# noqa: E402
-from rlcore.distributed import watchdog
-from rlcore.preflight import plan
+from rlcore.config import help as config_help  # noqa: E402
 from rlcore.config.cli import parse_argv  # noqa: E402
-from rlcore.preflight.checks import InputError  # noqa: E402
+from rlcore.distributed import watchdog  # noqa: E402
 from rlcore.distributed.collectives import Preempted, RunError  # noqa: E402
+from rlcore.preflight import plan  # noqa: E402
+from rlcore.preflight.checks import InputError  # noqa: E402
 from rlcore.trainer import train  # noqa: E402
 
 EXIT_BAD_INPUT = 2  # configuration, model, data, reward setup or resume checkpoint is invalid

@@ -8,10 +8,10 @@ acts. The corrections (IcePop [0.5, 5], geometric mask [0.99, 1.01]) change noth
 and the trainer agree to 1e-3 (fp32 on CPU): they are on to show their metrics (policy/is_weight_*,
 policy/seq_masked_frac, rollout/kl), and a fork onto bf16 GPUs keeps them.
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.cispo import CISPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

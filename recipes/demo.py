@@ -8,10 +8,10 @@ Everything is built locally on first use (rlcore.tasks.tiny.prepare, cached): to
 supervised warm start, and the train / held-out prompt files. Prints held-out greedy accuracy before
 and after training; writes runs/demo/{config.json,metrics.jsonl,tb/}.
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.grpo import GRPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

@@ -9,10 +9,10 @@ A copy of recipes/demo.py (model, data, reward, GRPO, steps) plus the `lora` sec
 accuracy before and after (measured: start 17.2% -> end 82.4%, about a minute); writes runs/demo_lora/, with PEFT
 adapter folders as exports (hf/step_<N>/).
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.grpo import GRPO
 from rlcore.config import (Config, DataConfig, LoraConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

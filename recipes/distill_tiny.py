@@ -10,10 +10,10 @@ The teacher is built once by the prepare step (rlcore.tasks.tiny.prepare_teacher
 in the reference model's place. The reward function still runs: its numbers are logged, not trained on
 (algorithm.task_weight=0).
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.distill import Distill
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

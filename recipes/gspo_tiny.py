@@ -6,10 +6,10 @@
 Two mini-batches per rollout step, so the second optimizer step sees a ratio other than 1 and the sequence
 clip acts (policy/clip_frac); with one, GSPO's ratio is always 1.
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.gspo import GSPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

@@ -4,10 +4,10 @@
 
 The critic starts from the policy's backbone with a new zero value head and trains with its own AdamW.
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.ppo import PPO
 from rlcore.config import (Config, CriticConfig, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

@@ -5,10 +5,10 @@
 A per-token KL penalty to the frozen reference model (k1) is part of the reward. The baseline variant
 (subtract each prompt group's mean reward first) is one override: algorithm.baseline=true.
 """
-from rlcore.tasks import tiny
 from rlcore.algorithms.reinforce_pp import ReinforcePP
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                            TrainConfig)
+from rlcore.tasks import tiny
 
 
 def config() -> Config:

@@ -15,7 +15,7 @@ Layout (one rank's share of a step, B sequences):
     returns         [B, T]  value targets, written by algorithms with a critic
     versions        [B]     the policy version (optimizer steps) of the weights that sampled each sequence;
                             set in a split mesh (rlcore/modes/split.py), None when colocated (always current);
-                            streaming (rlcore/modes/stream/engine_side.py): the oldest version among the sequence's tokens
+                            streaming (rlcore/modes/stream/): the oldest version among the sequence's tokens
     token_versions  [B, T]  streaming: the version that sampled each response token (0 where loss_mask is 0)
     position_ids    [B, L]  only when a row holds several sequences (an agent that rewrote its history,
                             rlcore.rollout.agents): positions restart at each sequence, and the trainer's

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from rlcore.config.errors import describe
+from rlcore.distributed.collectives import agree
+from rlcore.distributed.parallel import device_type
 from rlcore.models import build as models
 from rlcore.train import packing
-from rlcore.distributed.collectives import agree
-from rlcore.config.errors import describe
-from rlcore.distributed.parallel import device_type
 
 if TYPE_CHECKING:
     from rlcore.run import Run

@@ -14,9 +14,12 @@ they use from it, and none of them imports the trainer, which sits on top as the
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
+
+from rlcore.config import RolloutConfig
 
 if TYPE_CHECKING:  # types only: the run state imports nothing of the stages it is handed to
     import torch
@@ -24,10 +27,27 @@ if TYPE_CHECKING:  # types only: the run state imports nothing of the stages it 
     from rlcore.config import Config
     from rlcore.config.roles import Models
     from rlcore.data import PromptStream
-    from rlcore.outputs.metrics import RunLogger
     from rlcore.distributed.parallel import ParallelDims
     from rlcore.engine.rollout_engine import RolloutEngine
-    from rlcore.rollout.turns import Envs
+    from rlcore.outputs.metrics import RunLogger
+
+
+@dataclass
+class Envs:
+    """What the loop needs to run environments; built once at startup (rlcore.rollout.envs)."""
+    factory: Callable | None  # row -> environment; None = single-turn
+    spec: str  # how the recipe named it, for messages
+    max_turns: int
+    stop_ids: list[int]
+    timeout_s: float
+    workers: int
+    encode: Callable[[Any], list[int]]  # observation (text, ids or chat messages) -> token ids
+    decode: Callable[[list[int]], str]  # a model turn's ids -> the action text (special tokens dropped)
+    turn_s: float = math.inf  # rollout.turn_deadline_s: the time one step's tools get (rlcore.rollout.env.Limits)
+    max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
+    agent: Callable | None = None  # rollout.agent (rlcore.rollout.agents): trajectories are its calls; factory is None
+    endpoint: Any = None  # the agent's endpoint on this rank, started at the first rollout
+    prompt: Callable[[dict, str], list[int]] | None = None  # (row, reset's PromptText) -> the prompt's new ids
 
 
 @dataclass

@@ -1,39 +1,39 @@
-"""The colocated RL loop: generate -> reward -> logprobs -> advantages -> update -> sync, on every rank.
+"""The top of rlcore: build the run (setup), then hand it to its mode, and write the summary however it ends.
 
-One torchrun program. Each step, every rollout group (k ranks, one vLLM engine) runs `group_size`
-trajectories for each prompt of its slice (one model turn, or several with an environment:
-rlcore/rollout/); each rank of the group then trains on its own 1/k of them with FSDP2 over the whole
-world (rlcore/train/update.py); finally the new weights are streamed into the engines in place.
-The algorithm (advantages + loss) is whatever object the recipe put in `cfg.algorithm`.
+    torchrun --nproc-per-node 8 launch/train.py recipe=grpo
+
+setup checks everything cheap on every rank first (rlcore/preflight/), then builds the mesh, the engine and the
+four models into a Run (rlcore/run.py). The mode decides who generates, who trains and where they meet:
+colocated (rlcore/modes/colocated.py: every rank generates, then trains, then syncs), the split mesh
+(rlcore/modes/split.py, rollout.ranks=R) or streaming (rlcore/modes/stream/, rollout.stream=true); what every mode
+does around a step is rlcore/modes/loop.py's.
 """
 from __future__ import annotations
 
 import os
-import time
+
 import torch
 import torch.distributed as dist
 
 from rlcore import rewards
-from rlcore.sandbox import pool as sandbox
-from rlcore.distributed import watchdog
-from rlcore.models import lora, build as models
-from rlcore.modes import split, transfer
-from rlcore.modes.stream import engine_side as stream
-from rlcore.outputs import checkpoint
-from rlcore.preflight import checks as preflight
-from rlcore.train import logprobs, update
-from rlcore.distributed.collectives import Preempted, all_max, all_sum
 from rlcore.config import Config
 from rlcore.config.roles import Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
-from rlcore.outputs.metrics import RunLogger, peak_memory_gb, reset_peak_memory
+from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import Preempted
 from rlcore.distributed.parallel import ParallelDims, build_meshes, device_type, init_distributed
-from rlcore.engine import RolloutEngine, SyncStats
+from rlcore.engine import RolloutEngine
+from rlcore.models import build as models
+from rlcore.models import lora
+from rlcore.modes import colocated, split, stream, transfer
 from rlcore.modes.loop import Loop
-from rlcore.rollout.collect import collect
+from rlcore.outputs import checkpoint
+from rlcore.outputs.metrics import RunLogger
+from rlcore.outputs.summary import Summary
+from rlcore.preflight import checks as preflight
 from rlcore.rollout.envs import model_budget
 from rlcore.run import Rollout, Run, Trainer
-from rlcore.outputs.summary import Summary
+from rlcore.sandbox import pool as sandbox
 
 
 def setup(cfg: Config) -> Run:
@@ -158,45 +158,6 @@ def total_optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.train.epochs_per_step * cfg.train.mini_batches
 
 
-def train_step(run: Run, step: int) -> dict[str, float]:
-    t_step = time.perf_counter()
-    reset_peak_memory()
-    batch, metrics = collect(run, step)
-    generate_peak = peak_memory_gb()
-    run.engine.sleep()
-    reset_peak_memory()
-
-    t = time.perf_counter()
-    check, advantage_metrics = logprobs.prepare(run, batch, step)  # old/ref logprobs, values, advantages
-    t_logprobs = time.perf_counter() - t
-
-    t = time.perf_counter()
-    # On-policy the update's own forward gives the old logprobs: the drift check runs before its step.
-    metrics |= advantage_metrics | update.update(run, batch, before_step=check)
-    t_train = time.perf_counter() - t
-
-    # A step with nothing applied left the policy as the engine already holds it: no sync.
-    stats = run.engine.sync_weights(run.trainer.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
-    n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
-    metrics |= {
-        "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
-        **check.metrics(),
-        "time/logprobs_s": t_logprobs, "time/train_s": t_train, "time/sync_s": stats.seconds,
-        "time/step_s": time.perf_counter() - t_step,
-        "throughput/train_tok_s": length / max(t_train, 1e-9),
-        "sync/gb": stats.bytes / 1e9, "sync/peak_bucket_gb": stats.peak_bucket_bytes / 1e9,
-    }
-    # The sync as bandwidth (bytes handed to the engine per second) and as its share of the step.
-    metrics |= {"throughput/sync_gb_s": stats.bytes / 1e9 / max(stats.seconds, 1e-9) if stats.bytes else 0.0,
-                "time/sync_share": stats.seconds / metrics["time/step_s"]}
-    # Measured peaks per phase next to the plan's bars (per GPU, or per CPU rank): the planner is checked
-    # on every run.
-    generate_peak, train_peak = all_max(generate_peak), all_max(peak_memory_gb())
-    metrics |= {"memory/peak_gb": max(generate_peak, train_peak), "memory/generate_peak_gb": generate_peak,
-                "memory/train_peak_gb": train_peak}
-    return metrics
-
-
 def train(cfg: Config) -> dict[str, float]:
     """Run the whole job; returns {"eval/accuracy_start", "eval/accuracy_end", ...} on every rank (in a split
     mesh, on the rollout ranks)."""
@@ -206,8 +167,7 @@ def train(cfg: Config) -> dict[str, float]:
     report.mesh = layout(cfg, run.dims, run.models, len(run.rollout.reward_models) if run.rollout else 0)[0]
     loop = Loop(run, report, stop)
     try:
-        # rlcore/modes/stream/engine_side.py: the split mesh whose engines never drain
-        mode = (stream.train if cfg.rollout.stream else split.train) if run.dims.split else colocated
+        mode = (stream.train if cfg.rollout.stream else split.train) if run.dims.split else colocated.train
         summary = mode(run, loop)
         if run.rollout and run.rollout.eval_rows and "eval/accuracy" in summary and "eval/accuracy_start" in summary:
             summary["eval/accuracy_end"] = summary["eval/accuracy"]
@@ -224,27 +184,3 @@ def train(cfg: Config) -> dict[str, float]:
             run.logger.print(f"rlcore: summary written to {run.run_dir / 'summary.md'}")
         run.logger.close()
     return summary
-
-
-def colocated(run: Run, loop: Loop) -> dict[str, float]:
-    """The colocated loop: every rank takes every stage of every step (rlcore/modes/loop.py: what is around it)."""
-    steps = run.cfg.train.steps
-    start = loop.begin(run.trained_models())
-    if start:  # the engine started from model.path: it samples with the checkpointed weights from step one
-        run.engine.sync_weights(run.trainer.policy)
-    for step in range(start + 1, steps + 1):
-        metrics = train_step(run, step) | loop.plan_metrics()
-        loop.count(step, metrics)
-        loop.evaluate(step, metrics)
-        loop.record(step, metrics)
-        loop.check_skipped(step)
-        t = time.perf_counter()
-        # The one exchange of the colocated mode: every rank hears of a signal to any rank after the same step.
-        preempted = loop.stop.any_rank(device_type())
-        path = loop.save(step, run.trained_models()) if preempted or loop.save_due(step) else None
-        if loop.export_due(step):
-            loop.export(step)
-        if preempted:
-            raise loop.preempted(step, path)
-        loop.report.steps[-1]["time/checkpoint_s"] = time.perf_counter() - t
-    return loop.summary

@@ -63,10 +63,10 @@ def digits(prompts: list[str], completions: list[str], **_) -> list[float]:
 def config():
     """The demo's prompts and GRPO, small: 8 prompts x 4 samples a step, 3 steps, a learning rate that moves
     every weight visibly, and the exact-sync bound as the run's own stop threshold."""
-    from rlcore.tasks import tiny
     from rlcore.algorithms.grpo import GRPO
     from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,
                                TrainConfig)
+    from rlcore.tasks import tiny
 
     return Config(
         name="arch", seed=0, prepare="rlcore.tasks.tiny:prepare",

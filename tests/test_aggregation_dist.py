@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlcore.batch import Normaliser
 from rlcore.algorithms.objectives import aggregate, clipped_surrogate, local_normaliser
+from rlcore.batch import Normaliser
 
 pytestmark = pytest.mark.slow  # two gloo processes: `make test-fast` leaves them out
 

@@ -31,8 +31,8 @@ def rejected(proc, out) -> str:
 @pytest.fixture(scope="module")
 def demo_model(tmp_path_factory):
     """A copy of the demo's model folder (built by its prepare step), to break in place."""
-    from rlcore.tasks import tiny
     from rlcore.config.cli import parse_argv
+    from rlcore.tasks import tiny
 
     tiny.prepare(parse_argv(["recipe=demo"], ROOT / "recipes"))
     return tiny.model_dir()
@@ -235,8 +235,8 @@ def test_user_code_raising(entry, tmp_path, case, says):
 
 FORK = '''
 from pathlib import Path
-from rlcore.config.cli import load_recipe
 from rlcore.algorithms.objectives import PolicyLoss
+from rlcore.config.cli import load_recipe
 
 class Forgot(PolicyLoss):  # a fork that never wrote its advantages
     pass

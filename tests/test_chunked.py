@@ -121,8 +121,8 @@ def test_chunked_holds_one_chunk_of_logits():
 
 def test_chunk_size_is_validated():
     from conftest import ROOT
-    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
+    from rlcore.config.cli import load_recipe
     from rlcore.distributed.parallel import ParallelDims
 
     cfg = load_recipe("demo", ROOT / "recipes")

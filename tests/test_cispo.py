@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlcore.algorithms.cispo import CISPO
+from rlcore.algorithms.objectives import PolicyLoss, local_normaliser
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.algorithms.objectives import PolicyLoss, local_normaliser
 
 
 def _grads(algo, advantage: float) -> list[float]:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rlcore.config import Config
 from rlcore.config.cli import (ConfigError, apply_overrides, config_to_dict, did_you_mean, load_recipe,
                         parse_argv, save_config)
-from rlcore.config import Config
 
 # A recipe as a user writes one: its own algorithm dataclass and a reward function defined inline.
 RECIPE = '''

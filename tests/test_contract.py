@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rlcore.algorithms.base import Algorithm, check
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import KLRewardPenalty, PolicyLoss
+from rlcore.batch import Batch
 
 
 class Fork(PolicyLoss):

@@ -16,9 +16,9 @@ import math
 import pytest
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.corrections import log_ratio, rollout_kl, sequence_keep, tis_weights
 from rlcore.algorithms.objectives import PolicyLoss, local_normaliser
+from rlcore.batch import Batch
 
 OLD = torch.tensor([[0.0, 1.0, -1.0], [0.005, 0.015, 3.0]])  # the pad's 3.0 must never count
 ROLLOUT = torch.zeros(2, 3)

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from rlcore.tasks import tiny
 from rlcore.config import DataConfig
 from rlcore.data import PromptStream, load_table, tokenize_prompts
+from rlcore.tasks import tiny
 
 ROWS = [{"prompt": f"{a}+{a}=", "answer": str(2 * a)} for a in range(10, 42)]
 
@@ -69,8 +69,8 @@ def test_groups_get_disjoint_prompts_and_epochs_reshuffle(jsonl):
 def test_the_tiny_tokenizer_loads_as_saved(tmp_path):
     """A character-level tokenizer saved beside a qwen2 config keeps its spaces (AutoTokenizer alone would
     swap in Qwen2Tokenizer, which drops them): environment text is encoded as the model was taught."""
-    from rlcore.tasks import tiny
     from rlcore.data import load_tokenizer
+    from rlcore.tasks import tiny
     tokenizer = load_tokenizer(str(tiny.build_random_model(tmp_path / "m")))
     assert tokenizer(" 47= ").input_ids == [1, 19, 8, 11, 17, 19]
     assert tokenizer.decode([8, 11, 19, 2], skip_special_tokens=True) == "47 "

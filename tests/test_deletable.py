@@ -27,9 +27,9 @@ CHECK = """
 import importlib, os, pkgutil
 from pathlib import Path
 import rlcore, rlcore.algorithms
+from rlcore.config import validate
 from rlcore.config.cli import available_recipes, load_recipe
 from rlcore.distributed.parallel import ParallelDims
-from rlcore.config import validate
 
 def test_the_core_imports_and_every_remaining_recipe_validates():
     modules = [m.name for m in pkgutil.walk_packages(rlcore.__path__, "rlcore.")]

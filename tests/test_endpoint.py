@@ -9,12 +9,12 @@ import openai
 import pytest
 import torch
 
+from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout import agents, chat
 from rlcore.rollout.endpoint import MODEL, Endpoint
-from rlcore.rollout.wire import Clients, InProcess
 from rlcore.rollout.sessions import Call, sequences
-from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout.turns import Trajectory, to_batch
+from rlcore.rollout.wire import Clients, InProcess
 from rlcore.tasks import tooladd
 
 TOOLS = tooladd.AddEnv.toolbox.schemas
@@ -153,8 +153,8 @@ def test_rewritten_rows_take_their_trajectory_advantage_and_count_once():
     0.5774) / 7 = -0.16496; seq-mean-token-mean of l = 1, 2, ... over each row's model tokens: A (1 + 2 + 3) / 3,
     B 1, C (1 + 2 + 3) / 3 -> (2 + 1 + 2) / 3 = 1.6667."""
     from rlcore.algorithms.grpo import GRPO
-    from rlcore.batch import Normaliser
     from rlcore.algorithms.objectives import aggregate, local_normaliser
+    from rlcore.batch import Normaliser
     from rlcore.rollout.sessions import Session
 
     calls = {"A": [Call([5, 6], [7, 8], [-0.1, -0.2], "stop"), Call([9], [10], [-0.3], "stop")],
@@ -482,8 +482,8 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
     engines must get the same calls (ids, prompts, caps, seeds) and aborts, in the same order."""
     from types import SimpleNamespace
 
-    from rlcore.rollout.turns import Envs
     from rlcore.modes.stream.agents import AgentTurns
+    from rlcore.run import Envs
     from test_stream import run_to_end
 
     class Tagged(StepEngine):

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlcore.algorithms.grpo import GRPO, dapo, dr_grpo, overlong_penalty
+from rlcore.algorithms.objectives import local_normaliser
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.algorithms.objectives import local_normaliser
 
 LOG_HALF, LOG_1_5 = math.log(0.5), math.log(1.5)
 

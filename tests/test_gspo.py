@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from rlcore.algorithms.gspo import GSPO
+from rlcore.algorithms.objectives import local_normaliser
 from rlcore.batch import Batch
 from rlcore.config import Config
-from rlcore.algorithms.objectives import local_normaliser
 
 
 def _example():
@@ -76,8 +76,8 @@ def test_gspo_moe_recipe_is_grpo_moe_with_sequence_ratios():
     with GSPO's sequence ratio and the paper's window; several optimizer steps per rollout, so the clip acts."""
     from pathlib import Path
 
-    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
+    from rlcore.config.cli import load_recipe
     from rlcore.distributed.parallel import ParallelDims
 
     recipes = Path(__file__).resolve().parents[1] / "recipes"

@@ -5,8 +5,8 @@ import sys
 
 import rlcore.config.sections as config_module
 from conftest import ROOT
-from rlcore.config import help as config_help
 from rlcore.algorithms.grpo import GRPO
+from rlcore.config import help as config_help
 from rlcore.config.cli import load_recipe
 
 

@@ -4,8 +4,8 @@ import re
 import pytest
 import torch
 
-from rlcore.models import lora, build as models
 from rlcore.config import LoraConfig, ModelConfig, OptimConfig
+from rlcore.models import lora, build as models
 
 
 def _model(path, cfg=None):

@@ -23,10 +23,10 @@ RUN = ("recipe=demo_lora", "train.save_every=2", "lora.export_merged=true", "alg
 def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(tmp_path):
     from torch.distributed.checkpoint import FileSystemReader
 
+    from rlcore.config import ModelConfig
     from rlcore.models import lora, build as models
     from rlcore.outputs import export
     from rlcore.tasks import tiny
-    from rlcore.config import ModelConfig
 
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     proc = train_cmd(*RUN, "train.steps=4", f"output_dir={straight}")

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rlcore.batch import Batch, Normaliser
+from rlcore.algorithms.corrections import tis_weights
 from rlcore.algorithms.objectives import (
     AGG_MODES,
     aggregate,
@@ -18,7 +18,7 @@ from rlcore.algorithms.objectives import (
     group_advantages,
     token_rewards,
 )
-from rlcore.algorithms.corrections import tis_weights
+from rlcore.batch import Batch, Normaliser
 
 LOG_HALF = math.log(0.5)
 

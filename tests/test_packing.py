@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import WORKERS, torchrun
+from rlcore.algorithms.objectives import AGG_MODES
 from rlcore.models import build as models
 from rlcore.tasks import tiny
 from rlcore.train import packing
-from rlcore.algorithms.objectives import AGG_MODES
 
 LENGTHS = [9, 4, 13, 6, 2]  # real tokens per right-padded row
 L = 14
@@ -150,8 +150,8 @@ def test_packed_values_and_scores_equal_padded():
 
 def test_token_budget_is_validated():
     from conftest import ROOT
-    from rlcore.config.cli import load_recipe
     from rlcore.config import validate
+    from rlcore.config.cli import load_recipe
     from rlcore.distributed.parallel import ParallelDims
 
     cfg = load_recipe("demo", ROOT / "recipes")

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT, rank_exit_codes, train_cmd
-from rlcore.preflight import plan
 from rlcore.config.cli import parse_argv
+from rlcore.preflight import plan
 
 GB = 2**30
 TINY = dict(model_type="qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
+from rlcore.algorithms.objectives import no_reduce
 from rlcore.algorithms.ppo import PPO, explained_variance, gae, value_loss
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import Config, CriticConfig
-from rlcore.algorithms.objectives import no_reduce
 
 
 def test_gae_worked_example():

@@ -2,9 +2,9 @@
 import pytest
 
 from conftest import ROOT
+from rlcore.config import validate
 from rlcore.config.cli import available_recipes, load_recipe
 from rlcore.distributed.parallel import ParallelDims
-from rlcore.config import validate
 
 # Qwen2.5-1.5B-Instruct's config.json: 12 attention heads, 2 key/value heads, 32768 positions.
 QWEN25_15B = {"heads": 12, "kv_heads": 2, "context": 32768}
@@ -75,9 +75,9 @@ def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimi
     the real 7B shape against hand arithmetic: no reference copy, AdamW over the adapters only."""
     import json
 
-    from rlcore.preflight import plan
     from rlcore.config.cli import parse_argv
     from rlcore.models.lora import optim_config
+    from rlcore.preflight import plan
     (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
     cfg = parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}"], ROOT / "recipes")
     dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
@@ -184,9 +184,9 @@ def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox
 
     import datasets
 
-    from rlcore.preflight import plan
     from rlcore.config.cli import parse_argv
     from rlcore.data import tokenize_prompts
+    from rlcore.preflight import plan
     from rlcore.rollout.env import Step, as_step
     from rlcore.sandbox import SandboxConfig, configure
     from rlcore.sandbox.pool import GRACE_S

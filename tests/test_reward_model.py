@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from conftest import train_cmd
+from rlcore.config import ModelConfig
 from rlcore.models import build as models
 from rlcore.tasks import tiny
-from rlcore.config import ModelConfig
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from conftest import train_cmd
 from rlcore.config import DataConfig
 from rlcore.rollout.env import PromptText
 from rlcore.rollout.standards import trl_environment, trl_reward, trl_rewards
-from rlcore.rollout.turns import Envs, Trajectory, apply_reset, reset_ids
+from rlcore.rollout.turns import Trajectory, apply_reset, reset_ids
+from rlcore.run import Envs
 
 
 class Counter:

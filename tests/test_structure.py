@@ -1,6 +1,8 @@
-"""The shape of the package: the loop (rlcore.trainer) sits on top of the stages, and rlcore's import graph
-(every import, including type-only and function-local ones) has no circle."""
+"""The shape of the package: rlcore's import graph (every import, including type-only and function-local ones)
+has no circle, its folders import one way, no mode imports another, and the top (rlcore.trainer) is imported by
+nothing."""
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -73,3 +75,56 @@ def test_the_core_never_imports_an_rl_algorithm():
     rl = {f"rlcore.algorithms.{name}" for name in ("grpo", "ppo", "reinforce_pp", "gspo", "cispo", "distill")}
     assert rl <= set(edges)
     assert {m: sorted(d & rl) for m, d in edges.items() if d & rl} == {}
+
+
+def unit(module: str) -> str:
+    """The folder (or top-level module) a module belongs to: rlcore.modes.stream.turns -> rlcore.modes."""
+    return ".".join(module.split(".")[:2])
+
+
+def folder_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {}
+    for module, deps in edges.items():
+        folders.setdefault(unit(module), set()).update(unit(d) for d in deps if unit(d) != unit(module))
+    return folders
+
+
+def test_folders_import_one_way():
+    """No folder imports one that imports it, directly or through others: each folder (and each top-level module)
+    sits at one height, and a reader can learn the package from the bottom up (the README's tree lists it so)."""
+    folders = folder_edges(graph())
+    assert {"rlcore.config", "rlcore.rollout", "rlcore.modes", "rlcore.train", "rlcore.models"} <= set(folders)
+    assert "rlcore.config" in folders["rlcore.rollout"]  # the walk sees imports between folders
+    assert cycle(folders) is None
+    # the check sees a circle through folders: rollout.collect -> run, and run -> rollout.turns
+    assert cycle(folder_edges({"rlcore.rollout.collect": {"rlcore.run"}, "rlcore.run": {"rlcore.rollout.turns"},
+                               "rlcore.rollout.turns": set()})) == ["rlcore.rollout", "rlcore.run", "rlcore.rollout"]
+
+
+def test_the_readme_lists_the_folders_from_the_bottom_up():
+    """The README's tree names rlcore's folders in an order where each imports only those listed before it."""
+    readme = (ROOT / "README.md").read_text()
+    tree = readme[readme.index("├── rlcore/"):readme.index("├── benchmarks/")]
+    listed = ["rlcore." + m.group(1) for m in re.finditer(r"^│   [├└]── (\w+)(?:/|\.py)", tree, re.M)]
+    folders = folder_edges(graph())
+    folders.pop("rlcore")  # the package's own __init__, which imports nothing
+    assert set(listed) == set(folders)
+    assert {f: sorted(d for d in deps if listed.index(d) > listed.index(f)) for f, deps in folders.items()
+            if any(listed.index(d) > listed.index(f) for d in deps)} == {}
+
+
+MODES = {"colocated": {"rlcore.modes.colocated"}, "split": {"rlcore.modes.split"},
+         "stream": {"rlcore.modes.stream", "rlcore.modes.stream.engine_side", "rlcore.modes.stream.trainer_side",
+                    "rlcore.modes.stream.turns", "rlcore.modes.stream.agents"}}
+
+
+def test_no_mode_imports_another():
+    """Colocated, split and streaming each import only what lies below all of them (rlcore.modes.loop, .transfer,
+    .offpolicy and the stages): what two modes share lives below both."""
+    edges = graph()
+    assert set().union(*MODES.values()) <= set(edges)
+    crossing = {m: sorted(d for d in edges[m] if d in others)
+                for mode, own in MODES.items() for m in own
+                for others in [set().union(*(o for name, o in MODES.items() if name != mode))]
+                if edges[m] & others}
+    assert crossing == {}

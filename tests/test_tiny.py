@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from rlcore.tasks import tiny
 from rlcore.algorithms.sft import sft_loss
+from rlcore.tasks import tiny
 
 
 def test_tokenizer_round_trip():

@@ -7,11 +7,12 @@ import time
 
 import pytest
 
-from rlcore.sandbox import pool as sandbox
 from rlcore.rollout import continuous
 from rlcore.rollout.env import Limits, call_all, time_left, within
 from rlcore.rollout.tools import Toolbox, ToolEnv, ToolStats, python
-from rlcore.rollout.turns import Envs, Trajectory, rollout
+from rlcore.rollout.turns import Trajectory, rollout
+from rlcore.run import Envs
+from rlcore.sandbox import pool as sandbox
 from test_continuous import StepEngine
 from test_turns import STOP, ScriptedEngine
 

@@ -332,8 +332,8 @@ def test_a_tool_call_rollout_reads_as_the_chat_it_is(tmp_path):
     """The turn loop (rlcore.rollout.turns) with a scripted engine, the startup path's Envs and a ToolEnv: the
     model calls a tool, the tool answers, the model answers. Prompt + tokens equal the chat template's render
     of the whole conversation (tools included) token for token; the answer ends the trajectory."""
-    from rlcore.preflight.checks import load_inputs
     from rlcore.engine.rollout_engine import Sample
+    from rlcore.preflight.checks import load_inputs
     from rlcore.rollout.turns import Trajectory, rollout
     tokenizer, _, table, envs, _ = load_inputs(startup_config(tmp_path), 256)
     turns = ['<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 40}}\n</tool_call>', "It is 42."]

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from rlcore.rollout.env import Env, Step, as_step, call_all, check_env, EnvError
-from rlcore.rollout.turns import Envs, Trajectory, rollout, to_batch
+from rlcore.rollout.turns import Trajectory, rollout, to_batch
+from rlcore.run import Envs
 
 EOS, STOP = 2, 18
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
+from rlcore.batch import Batch
 
 
 @dataclass

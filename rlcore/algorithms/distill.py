@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import PolicyLoss, Reduce, global_token_mean, group_advantages, no_reduce
+from rlcore.batch import Batch
 
 
 def distill_advantages(old_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, loss_mask: torch.Tensor,

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import PolicyLoss, Reduce, group_advantages, no_reduce
+from rlcore.batch import Batch
 
 
 def overlong_penalty(lengths: torch.Tensor, max_len: int, buffer: int, factor: float = 1.0) -> torch.Tensor:

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import PolicyLoss, Reduce, clipped_surrogate, group_advantages, masked_mean, no_reduce
+from rlcore.batch import Batch
 
 LEVELS = ("sequence", "token")
 

@@ -27,8 +27,8 @@ from typing import Callable
 import torch
 
 from rlcore.algorithms.base import Algorithm
-from rlcore.batch import Batch, Normaliser
 from rlcore.algorithms.corrections import SEQ_MASKS, TIS_LEVELS, TIS_MODES, sequence_keep, tis_weights
+from rlcore.batch import Batch, Normaliser
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch, Normaliser
 from rlcore.algorithms.objectives import KLRewardPenalty, Reduce, masked_sum, masked_whiten, no_reduce
+from rlcore.batch import Batch, Normaliser
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, loss_mask: torch.Tensor, gamma: float, lam: float):

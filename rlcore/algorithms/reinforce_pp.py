@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlcore.batch import Batch
 from rlcore.algorithms.objectives import KLRewardPenalty, Reduce, masked_whiten, no_reduce
+from rlcore.batch import Batch
 
 
 def returns_to_go(rewards: torch.Tensor, loss_mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -85,7 +85,7 @@ class RolloutConfig:
     # weights that train on it (k); 0 = on-policy (the engines wait for each update). k >= 1 needs an
     # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
-    # Streaming (rlcore/modes/stream/engine_side.py), with a split mesh: the engines never drain; each keeps up to max_running
+    # Streaming (rlcore/modes/stream/), with a split mesh: the engines never drain; each keeps up to max_running
     # sequences running, admits the next prompt group as soon as there is room, and loads each new version
     # between two engine steps under the requests in flight. max_staleness bounds every token's age.
     stream: bool = False
@@ -277,7 +277,7 @@ def validate(cfg: Config, dims) -> None:
 
 
 def check_stream(cfg: Config, dims) -> None:
-    """Streaming's own limits (rlcore/modes/stream/engine_side.py), before anything loads."""
+    """Streaming's own limits (rlcore/modes/stream/), before anything loads."""
     r = cfg.rollout
     if not dims.split:
         raise ValueError("rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)")

@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rlcore.distributed import watchdog
-from rlcore.models import lora
 from rlcore.config import Config
 from rlcore.config.roles import models_of
+from rlcore.distributed import watchdog
+from rlcore.models import lora
 from rlcore.models.weights import checkpoint_weights
 
 # vLLM logs every request batch at INFO; a training run wants its own progress lines.
@@ -249,7 +249,7 @@ class RolloutEngine:
         if not self.cuda:
             self.llm.apply_model(redo_cpu_weight_processing)
         # Cached prefixes hold KV computed with the old weights: all of them go, so no prefix of one version is ever
-        # served to a request of the next. Requests in flight (rlcore/modes/stream/engine_side.py) are preempted first: their KV is
+        # served to a request of the next. Requests in flight (rlcore/modes/stream/) are preempted first: their KV is
         # dropped and recomputed under the new weights before their next token (vLLM raises if the reset fails).
         self.llm.reset_prefix_cache(reset_running_requests=True)
         if self.sleep_mode:

@@ -22,8 +22,8 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
-from rlcore.models import head_logprobs
 from rlcore.config import CriticConfig, ModelConfig, OptimConfig
+from rlcore.models import head_logprobs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

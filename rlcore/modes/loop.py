@@ -1,6 +1,6 @@
 """The step skeleton: what every mode does around a step, written once.
 
-A mode (rlcore/trainer.py colocated, rlcore/modes/split.py split) decides who generates, who trains and where the
+A mode (rlcore/modes/: colocated.py, split.py, stream/) decides who generates, who trains and where the
 two meet; everything else about a step lives here and reads the same in every mode:
 
     loop.begin(trained)              resume (models, optimizers, prompts, RNG, this state) or eval step 0
@@ -22,13 +22,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlcore.outputs import checkpoint, export
 from rlcore.distributed.collectives import Preempted, RunError
+from rlcore.outputs import checkpoint, export
 from rlcore.rollout.collect import evaluate
 
 if TYPE_CHECKING:
-    from rlcore.run import Run
     from rlcore.outputs.summary import Summary
+    from rlcore.run import Run
 
 
 class Loop:

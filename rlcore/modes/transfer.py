@@ -27,7 +27,7 @@ class Link:
     headers: object  # the same ranks over gloo: per-unit names, shapes and dtypes, the header
     objects: object  # every rank over gloo: batches, errors and stop signals
     leader: int  # R, the first trainer rank: it sends the weights
-    # streaming (rlcore/modes/stream/engine_side.py), several engines: their first ranks (the batch's metrics: the default backend, as
+    # streaming (rlcore/modes/stream/), several engines: their first ranks (the batch's metrics: the default backend, as
     # `rollout`, since rlcore.distributed.collectives' sums are device tensors)
     leads: object = None
     ready: object = None  # rollout.free_loads: rank R and each engine's first rank over gloo, "version v waits"

@@ -30,8 +30,8 @@ import torch.distributed.checkpoint as dcp
 
 from rlcore.distributed import watchdog
 from rlcore.models import lora
-from rlcore.outputs import checkpoint
 from rlcore.models.weights import by_layer, checkpoint_weights, to_checkpoint_format
+from rlcore.outputs import checkpoint
 
 
 def write_hf(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], model_files: Path | None, tokenizer=None,

@@ -22,18 +22,18 @@ import torch
 import torch.distributed as dist
 
 from rlcore import rewards
+from rlcore.config import Config, validate
+from rlcore.config.errors import describe
+from rlcore.config.roles import models_of
+from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import first_error
+from rlcore.distributed.parallel import ParallelDims
+from rlcore.engine.rollout_engine import check_architecture
 from rlcore.models import lora, build as models
 from rlcore.outputs import checkpoint
 from rlcore.preflight import plan
-from rlcore.distributed.collectives import first_error
-from rlcore.config import Config, validate
-from rlcore.config.roles import models_of
-from rlcore.data import load_table, load_tokenizer, tokenize_prompts
-from rlcore.config.errors import describe
-from rlcore.distributed.parallel import ParallelDims
 from rlcore.rollout.envs import make_envs
-from rlcore.engine.rollout_engine import check_architecture
 from rlcore.rollout.tools import declared_tools
 
 

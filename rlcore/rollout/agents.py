@@ -41,9 +41,9 @@ from typing import Callable
 
 from rlcore.rollout.continuous import POLL_S, STEPS_PER_TICK, EnvRunner, agree
 from rlcore.rollout.endpoint import Endpoint
-from rlcore.rollout.wire import Clients
 from rlcore.rollout.sessions import Request, Session, sequences
 from rlcore.rollout.turns import Trajectory, TurnStats, turn_seed
+from rlcore.rollout.wire import Clients
 
 GATHER_S = 0.2  # longest a rollout's first engine step waits for the rank's agents to make their first calls
 _rollouts = iter(range(10**12))  # request ids stay unique across rollouts (the same count on every rank)

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlcore import rewards
-from rlcore.distributed import watchdog
 from rlcore.batch import Batch
+from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import RunError, agree, all_min, all_sum
 from rlcore.rollout import agents, continuous
 from rlcore.rollout.env import call_all

@@ -50,8 +50,9 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from rlcore.rollout.env import EnvRunner
-from rlcore.rollout.turns import (Envs, Trajectory, TurnStats, apply_reset, apply_step, env_outcome, start,
+from rlcore.rollout.turns import (Trajectory, TurnStats, apply_reset, apply_step, env_outcome, start,
                                   turn_seed)
+from rlcore.run import Envs
 
 STEPS_PER_TICK = 8  # engine steps between two agreements of a TP group while no tool call is running
 STEPS_WHILE_CALLING = 2  # ... while one is: its answer joins the engine sooner, for more agreements

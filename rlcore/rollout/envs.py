@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from rlcore import rewards
-from rlcore.data import render_prompt
 from rlcore.config.errors import describe
+from rlcore.data import render_prompt
 from rlcore.rollout.env import check_env
 from rlcore.rollout.observation import encoder
 from rlcore.rollout.tools import declared_tools
-from rlcore.rollout.turns import Envs
+from rlcore.run import Envs
 
 
 def make_envs(cfg, tokenizer, first_row: dict, vocab_size: int) -> Envs:

@@ -56,11 +56,11 @@ import json
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Callable
 
-from rlcore.sandbox import pool as sandbox
 from rlcore.config.errors import one_line
 from rlcore.rollout.env import Env, Step, limits, time_left
 from rlcore.rollout.observation import clean
 from rlcore.rollout.toolcall import PARSERS, ToolCall, brief, json_type, parse
+from rlcore.sandbox import pool as sandbox
 
 
 @dataclass

@@ -34,7 +34,6 @@ ids, budgets and seeds, and each environment is stepped once per turn, not once 
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,9 +41,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from rlcore.config import RolloutConfig
 from rlcore.rollout.env import PromptText, as_step, call_all
 from rlcore.rollout.observation import Unencodable, clean
+from rlcore.run import Envs
 
 
 @dataclass
@@ -87,23 +86,6 @@ class TurnStats:
     env_s: float = 0.0
     generated: int = 0  # tokens the engine sampled for this group
 
-
-@dataclass
-class Envs:
-    """What the loop needs to run environments; built once at startup (rlcore.rollout.collect)."""
-    factory: Callable | None  # row -> environment; None = single-turn
-    spec: str  # how the recipe named it, for messages
-    max_turns: int
-    stop_ids: list[int]
-    timeout_s: float
-    workers: int
-    encode: Callable[[Any], list[int]]  # observation (text, ids or chat messages) -> token ids
-    decode: Callable[[list[int]], str]  # a model turn's ids -> the action text (special tokens dropped)
-    turn_s: float = math.inf  # rollout.turn_deadline_s: the time one step's tools get (rlcore.rollout.env.Limits)
-    max_tool_calls: int = RolloutConfig.max_tool_calls  # tool calls one turn may run
-    agent: Callable | None = None  # rollout.agent (rlcore.rollout.agents): trajectories are its calls; factory is None
-    endpoint: Any = None  # the agent's endpoint on this rank, started at the first rollout
-    prompt: Callable[[dict, str], list[int]] | None = None  # (row, reset's PromptText) -> the prompt's new ids
 
 
 def turn_seed(first_seed: int, turn: int) -> int:

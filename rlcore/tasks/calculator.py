@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from rlcore.tasks import tiny
 from rlcore.algorithms.sft import sft_loss
 from rlcore.rewards import arithmetic_exact
 from rlcore.rollout.env import Env, Step
+from rlcore.tasks import tiny
 from rlcore.tasks import encode_segments, play
 from rlcore.tasks.tiny import cache_dir, carries, prepare_cached, sample_problem, sloppy_answer
 

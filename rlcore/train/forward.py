@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlcore.models import build as models
-from rlcore.train import packing
 from rlcore.batch import Batch
 from rlcore.distributed.parallel import device_type
+from rlcore.models import build as models
+from rlcore.train import packing
 
 if TYPE_CHECKING:
     from rlcore.run import Run

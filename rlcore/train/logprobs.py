@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rlcore.distributed import watchdog
-from rlcore.models import lora
-from rlcore.batch import Batch
-from rlcore.distributed.collectives import RunError, all_max, all_sum, reduce_sum
 from rlcore.algorithms.corrections import rollout_kl
+from rlcore.batch import Batch
+from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import RunError, all_max, all_sum, reduce_sum
+from rlcore.models import lora
 from rlcore.train.forward import forward_logprobs, forward_values, takes_old_logprobs
 
 if TYPE_CHECKING:

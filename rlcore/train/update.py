@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from rlcore.distributed import watchdog
-from rlcore.models import build as models
-from rlcore.batch import Batch, Normaliser
-from rlcore.distributed.collectives import all_max, all_sum
-from rlcore.train.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
 from rlcore.algorithms.objectives import local_normaliser
+from rlcore.batch import Batch, Normaliser
+from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import all_max, all_sum
 from rlcore.distributed.parallel import device_type
+from rlcore.models import build as models
+from rlcore.train.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
 
 if TYPE_CHECKING:
     from rlcore.run import Run

@@ -18,10 +18,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore.models import build as models
 from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.engine import RolloutEngine
+from rlcore.models import build as models
 from rlcore.rollout import agents
 from rlcore.rollout.endpoint import MODEL, Endpoint
 from rlcore.rollout.turns import Trajectory, to_batch

@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-from rlcore.models import build as models
-from rlcore.outputs import checkpoint
 from rlcore.config import Config, DataConfig, ModelConfig, OptimConfig
 from rlcore.data import PromptStream, load_table, tokenize_prompts
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.models import build as models
+from rlcore.outputs import checkpoint
 from rlcore.tasks.tiny import train_file
 
 mode, model_dir, run_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -18,10 +18,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from rlcore.models import build as models
 from rlcore.config import Config, DataConfig, ModelConfig, RolloutConfig
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.engine import RolloutEngine
+from rlcore.models import build as models
 from rlcore.rollout import continuous
 from rlcore.rollout.envs import make_envs
 from rlcore.rollout.turns import Trajectory, rollout, to_batch

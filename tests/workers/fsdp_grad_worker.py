@@ -12,11 +12,11 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore.models import build as models
+from rlcore.algorithms.objectives import AGG_MODES, PolicyLoss, local_normaliser
 from rlcore.batch import Batch, Normaliser
 from rlcore.config import ModelConfig
-from rlcore.algorithms.objectives import AGG_MODES, PolicyLoss, local_normaliser
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.models import build as models
 
 model_dir, out = sys.argv[1], sys.argv[2]
 init_distributed()

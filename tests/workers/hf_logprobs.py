@@ -17,10 +17,10 @@ SEQUENCES = [[1, 7, 4, 13, 6, 11, 17, 8, 2], [1, 5, 5, 13, 9, 9, 17, 14, 12, 2],
 
 
 def trainer(model_dir: str, ckpt: str) -> list[list[float]]:
-    from rlcore.models import build as models
-    from rlcore.outputs import checkpoint
     from rlcore.config import ModelConfig, OptimConfig
     from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+    from rlcore.models import build as models
+    from rlcore.outputs import checkpoint
 
     init_distributed()
     cfg = ModelConfig(path=model_dir)

@@ -17,10 +17,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore.models import lora, build as models
 from rlcore.config import Config, LoraConfig, ModelConfig, OptimConfig, RolloutConfig
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.engine import RolloutEngine
+from rlcore.models import lora, build as models
 
 model_dir, out = sys.argv[1], sys.argv[2]
 init_distributed()

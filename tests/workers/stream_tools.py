@@ -8,8 +8,8 @@ import random
 import time
 from pathlib import Path
 
-from rlcore.config.cli import load_recipe
 from rlcore.config import Config
+from rlcore.config.cli import load_recipe
 from rlcore.rollout.tools import Toolbox, ToolEnv
 
 _latency = random.SystemRandom()

@@ -12,10 +12,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlcore.models import build as models
 from rlcore.config import Config, ModelConfig, OptimConfig, RolloutConfig
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
 from rlcore.engine import RolloutEngine
+from rlcore.models import build as models
 
 model_dir, tp, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 policy_first = sys.argv[4:] == ["policy-first"]

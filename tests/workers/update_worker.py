@@ -21,14 +21,14 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from rlcore.models import build as models
-from rlcore.train import forward, packing, update
+from rlcore.algorithms.objectives import AGG_MODES
 from rlcore.algorithms.ppo import PPO
 from rlcore.batch import Batch
 from rlcore.config import Config, CriticConfig, ModelConfig, OptimConfig, RolloutConfig, TrainConfig
-from rlcore.algorithms.objectives import AGG_MODES
 from rlcore.distributed.parallel import ParallelDims, build_meshes, init_distributed
+from rlcore.models import build as models
 from rlcore.run import Trainer
+from rlcore.train import forward, packing, update
 
 BUDGETS = (0, 16, 40)  # 16: rank 0's 30- and 25-token sequences exceed it and run alone
 LENGTHS = [[30, 12, 25, 8], [5, 4, 6, 3]]  # real tokens per row, by rank

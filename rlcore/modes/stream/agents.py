@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING
 
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import all_sum
+from rlcore.modes.stream.turns import Key, Turns
 from rlcore.rollout.agents import end_of, fill
 from rlcore.rollout.collect import agent_endpoint
 from rlcore.rollout.continuous import POLL_S
 from rlcore.rollout.env import EnvRunner
 from rlcore.rollout.sessions import Request, Session
 from rlcore.rollout.turns import Trajectory, turn_seed
-from rlcore.modes.stream.turns import Key, Turns
 
 if TYPE_CHECKING:
     from rlcore.run import Run

@@ -1,80 +1,7 @@
-"""Streaming: the split mesh's engines never drain; new weights load between two engine steps under requests in flight.
-
-    torchrun --nproc-per-node 3 launch/train.py recipe=demo rollout.ranks=1 rollout.stream=true \
-        rollout.max_staleness=1 algorithm.tis_cap=2
-
-The batch-level split (rlcore/modes/split.py) samples each batch whole with one version and waits for its longest
-sample. Here each engine (E = rollout.ranks / T engines of T = rollout.tensor_parallel ranks) keeps up to
-rollout.max_running trajectories in flight and admits its next prompt group (group_size trajectories, seeds as
-split's) as soon as there is room, across step boundaries. Engine e streams its own P = prompts_per_step / E
-groups of every batch (the rows split deals it: its prompt stream), batch b being its groups [(b-1)P, bP), in
-order; the trainers take batch b whole, the engines' shares in engine order, so every batch is the same rows in
-the same order as colocated and split. The text below speaks of one engine; each engine runs it on its own.
-
-Multi-turn (rollout.env, rlcore/modes/stream/turns.py): a trajectory's turns are requests of their own and may span
-versions; its environment runs on the engine's first rank, and its answers join the engine at an engine step fixed by
-the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
-engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
-its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
-rlcore/modes/stream/agents.py): each call is a turn, and the agent's next call (or its end) joins as an answer does.
-
-Versions and staleness (k = rollout.max_staleness). A group of batch b is admitted only while the engine holds
-a version >= b - 1 - k (admission control). Its tokens are then sampled by that version or newer ones, and the
-trainers train batch b from version b - 1: no token is ever more than k versions old, and nothing is dropped
-(`async/dropped_samples` is 0 by construction; long groups wait in the engine, they are never thrown away).
-vLLM labels every token with the version the engine held at the step that sampled it (Sample.versions); the
-batch carries them per token (Batch.token_versions) and per sequence its oldest (Batch.versions).
-
-When versions load (deterministic: a function of the data and the config, never of arrival time). The engine
-alternates two events, as the trainers do: hand over batch b (when all its groups are done), then load version
-b, then hand over b + 1, ... Version v (v <= the batches handed) loads at the first step boundary where the
-engine has no request running, or where batch v + 1 is complete, or where admission is blocked by the version
-(there is room, and the next group needs a newer one). If the trainers are late, the engine waits there, its
-requests frozen. Save and eval steps drain first: no admission after batch v is handed, until no trajectory is
-in flight (environment calls included).
-
-Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
-steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
-its own: rlcore.distributed.collectives.scoped(ALONE)) and hands its share over; the other ranks hold the same trajectories
-without environments. At every step boundary one all_gather over the engine's ranks (Engine.sync) carries what the
-decisions read: the answers or agent events that join there, the trajectories over budget, signals, the first
-error and (free loads) whether the lead heard of the next version. Every rank then admits, joins, aborts, loads and
-exchanges alike, and each token's version is the same on every rank.
-
-Several engines (E > 1). Each engine's load points are functions of its own data, and every engine makes the same
-exchanges in the same order (below), so their collectives pair up; an engine that reaches a hand-over first waits
-there for the others (its requests frozen), as it waits for late trainers. At hand-over b the engines' leads agree
-that every share of batch b is complete (or none is handed) and sum its metrics among themselves (Link.leads,
-as split sums over its rollout ranks); after each load the probe's gap is the worst engine's and every engine
-evaluates, or none. stream/* and the engine side's time/* are the first engine's.
-
-Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
-trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
-the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need.
-Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints
-hold as above.
-
-KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
-reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its
-next token, so each token is sampled by exactly one version over KV of that version (a prefill per running
-request per load). The same reset empties the prefix cache, so between two loads it holds only prefixes the
-engine's current version computed: a group's prompt and a trajectory's earlier turns are read from it, and no
-prefix ever reaches a request of another version.
-
-After each load the engine scores the fixed probe batch beside the requests in flight (prompt logprobs, no
-cached prefix) against the trainers' logprobs: above rollout.logprob_diff_threshold every rank stops (exit 3).
-
-The two sides meet at these exchanges, always in this order (rlcore/modes/transfer.py): hand-over b (all_gather over
-every rank: batch b, errors, stop signals, the probe), weights b (the trainers' header + units into the engine's
-in-place reload), control b (all_gather: the probe's verdict, stop signals; the checkpoint when due).
-Checkpoints drain (above) and save after a load: exact resume. A signal (SIGTERM/SIGUSR1) sends the engine to
-its next exchange at once; in-flight trajectories are dropped (requests aborted, environment calls abandoned) and
-their groups re-admitted from scratch on resume (complete and nothing lost, but not the numbers of a straight
-run). Worst case from the signal to exit 75: the engine step (or, lockstep, the wait for a due tool answer, at
-most rollout.env_timeout_s) in progress, one trainer step, one transfer, the probe and the save. With several
-engines, a signal that reaches one engine only (Slurm's reaches them all) waits until the others come to the
-same exchange: at worst until each finishes its share of the batch.
-"""
+"""Streaming's engine side: each engine keeps up to rollout.max_running trajectories in flight, admits groups
+across step boundaries, hands batches over and loads versions between two engine steps (the Engine class); its
+timing and the decisions every rank of a tensor-parallel engine agrees on. The design, the exchanges and the
+guarantees: rlcore/modes/stream/__init__.py."""
 from __future__ import annotations
 
 import threading
@@ -85,13 +12,12 @@ import torch
 import torch.distributed as dist
 
 from rlcore.distributed import watchdog
-from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error, set_scope
-from rlcore.rollout.collect import rollout_seed
-from rlcore.modes.split import PROBE_ROWS, own_state, trainers_state
+from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error
+from rlcore.modes.offpolicy import PROBE_ROWS, own_state, trainers_state
 from rlcore.modes.stream.agents import AgentTurns
-from rlcore.modes.stream.trainer_side import train_side
 from rlcore.modes.stream.turns import Turns
 from rlcore.modes.transfer import Link, exchange, error_in, receive_weights
+from rlcore.rollout.collect import rollout_seed
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -374,13 +300,3 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
             engine.waiting = listen(link)  # stopped after handing batch `handed` over: its version is told next
     engine.clock["t"] = time.perf_counter()
     return engine.serve()
-
-
-def train(run: Run, loop: Loop) -> dict[str, float]:
-    """Both sides of the streaming loop; returns the summary on the engine ranks ({} on the trainer ranks)."""
-    if run.dims.generates(dist.get_rank()):
-        set_scope(run.link.rollout)
-        return generate_side(run, run.link, loop)
-    set_scope(run.trainer.group)
-    train_side(run, run.link, loop)
-    return {}

@@ -1,4 +1,4 @@
-"""Streaming's trainer side (the contract is rlcore/modes/stream/engine_side.py's docstring): ranks [R, W) take batch t at hand-over t,
+"""Streaming's trainer side (the contract is rlcore/modes/stream/__init__.py's docstring): ranks [R, W) take batch t at hand-over t,
 train step t from version t - 1, send version t into the engine's in-flight load, then meet the engine at the
 control exchange (the checkpoint when due or asked for). Per-token staleness is measured here.
 """
@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import RunError, all_max, all_sum
-from rlcore.modes.split import my_slice, own_state, probe_logprobs, train_step, trainers_state
+from rlcore.modes.offpolicy import my_slice, own_state, probe_logprobs, train_step, trainers_state
 from rlcore.modes.transfer import Link, error_in, exchange, send_weights
 
 if TYPE_CHECKING:

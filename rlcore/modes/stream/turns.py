@@ -1,4 +1,4 @@
-"""Streaming's trajectories (the contract is rlcore/modes/stream/engine_side.py's docstring): every sample of an admitted prompt group is
+"""Streaming's trajectories (the contract is rlcore/modes/stream/__init__.py's docstring): every sample of an admitted prompt group is
 a rlcore.rollout.turns.Trajectory that runs turn by turn on its engine, across versions, with the tokens,
 masks, seeds and ending rules of turns.py (each turn its own n=1 request seeded turn_seed(seed + j, turn), as in
 rlcore/rollout/continuous.py, whose finish_turn ends a turn here too). Environments run on the engine's first rank,
