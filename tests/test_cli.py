@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rlcore.config import Config
-from rlcore.config.cli import (ConfigError, apply_overrides, config_to_dict, did_you_mean, load_recipe,
-                        parse_argv, save_config)
+from rlcore.config.cli import (BUILTIN_RECIPES, ConfigError, apply_overrides, available_recipes, config_to_dict,
+                               did_you_mean, load_recipe, parse_argv, save_config)
 
 # A recipe as a user writes one: its own algorithm dataclass and a reward function defined inline.
 RECIPE = '''
@@ -92,12 +92,23 @@ def test_load_recipe_by_path_outside_recipes_dir(tmp_path, recipes):
 
 
 def test_unknown_recipe_suggests_closest(recipes):
-    with raises("unknown recipe 'grop'; did you mean 'grpo'? (available: demo, grpo)"):
+    builtin = ", ".join(available_recipes(BUILTIN_RECIPES))
+    with raises(f"unknown recipe 'grop'; did you mean 'grpo'? (available: demo, grpo; built in: {builtin})"):
         load_recipe("grop", recipes)
-    with raises("unknown recipe 'zzz' (available: demo, grpo)"):
+    with raises(f"unknown recipe 'zzz' (available: demo, grpo; built in: {builtin})"):
         load_recipe("zzz", recipes)
-    with raises("unknown recipe '_common' (available: demo, grpo)"):  # helpers are not recipes
+    with raises(f"unknown recipe '_common' (available: demo, grpo; built in: {builtin})"):  # helpers are not recipes
         load_recipe("_common", recipes)
+    with raises(f"unknown recipe 'zzz' (available: {builtin})"):  # looking among the built-in ones only
+        load_recipe("zzz")
+
+
+def test_a_name_not_beside_the_caller_is_a_built_in_recipe(tmp_path):
+    """A fork saved anywhere loads rlcore's own recipes by name: its folder first, then recipes/."""
+    assert "demo" in available_recipes(BUILTIN_RECIPES) and not list(tmp_path.iterdir())
+    assert load_recipe("demo", tmp_path).name == "demo" and load_recipe("demo").name == "demo"
+    write_recipe(tmp_path / "demo.py", "my_demo")  # a recipe beside the caller wins over the built-in one
+    assert load_recipe("demo", tmp_path).name == "my_demo"
 
 
 def test_missing_recipe_file(tmp_path, recipes):

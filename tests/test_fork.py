@@ -1,9 +1,9 @@
-"""The "fork a recipe" example of docs/fork.md is true: its RLOO recipe file, copied out as written,
-computes leave-one-out advantages by hand-computed values and trains through the real entry point."""
+"""The "fork a recipe" example of docs/fork.md is true: its RLOO recipe file, copied as written into a folder
+with nothing beside it, loads the built-in demo recipe, computes leave-one-out advantages by hand-computed values
+and trains through the real entry point."""
 import importlib.util
 import json
 import re
-import shutil
 
 import pytest
 
@@ -16,11 +16,10 @@ from rlcore.batch import Batch
 def write_fork(tmp_path):
     readme = (ROOT / "docs" / "fork.md").read_text()
     code = re.search(r"<!-- rloo-recipe.*?-->\n```python\n(.*?)```", readme, re.S).group(1)
-    recipes = tmp_path / "recipes"
-    recipes.mkdir()
-    shutil.copy(ROOT / "recipes" / "demo.py", recipes / "demo.py")  # the recipe it forks, beside it
-    (recipes / "rloo_tiny.py").write_text(code)
-    return recipes / "rloo_tiny.py"
+    folder = tmp_path / "exp"  # a folder with nothing beside the fork: the demo it loads is rlcore's own
+    folder.mkdir()
+    (folder / "rloo_tiny.py").write_text(code)
+    return folder / "rloo_tiny.py"
 
 
 def test_rloo_advantages(tmp_path):

@@ -55,19 +55,29 @@ def available_recipes(recipes_dir: str | Path) -> list[str]:
     return sorted(p.stem for p in Path(recipes_dir).glob("*.py") if not p.name.startswith("_"))
 
 
-def load_recipe(spec: str, recipes_dir: str | Path) -> Config:
-    """Run `config()` of recipes_dir/NAME.py, or of any .py file (a fork may live outside the repo)."""
+# The recipes that come with rlcore (recipes/ beside the package): a NAME not found where the caller looks is
+# looked up here, so a fork saved anywhere can start from `load_recipe("demo")`.
+BUILTIN_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def load_recipe(spec: str, recipes_dir: str | Path = BUILTIN_RECIPES) -> Config:
+    """Run `config()` of a recipe: any .py file (a fork may live anywhere), or NAME: recipes_dir/NAME.py, else
+    rlcore's own recipes/NAME.py."""
     if spec.endswith(".py") or os.sep in spec or "/" in spec:
         path = Path(spec).expanduser()
         if path.suffix != ".py" or not path.is_file():
             raise ConfigError(f"recipe file {str(path)!r} is not an existing .py file")
     else:
-        names = available_recipes(recipes_dir)
-        if spec not in names:
-            hint = did_you_mean(spec, names)
-            raise ConfigError(f"unknown recipe {spec!r}{'; ' + hint if hint else ''} "
-                              f"(available: {', '.join(names) or 'none in ' + str(recipes_dir)})")
-        path = Path(recipes_dir) / f"{spec}.py"
+        folders = [Path(recipes_dir)] + ([BUILTIN_RECIPES] if Path(recipes_dir).resolve() != BUILTIN_RECIPES else [])
+        found = [f / f"{spec}.py" for f in folders if spec in available_recipes(f)]
+        if not found:
+            names = [available_recipes(f) for f in folders]
+            hint = did_you_mean(spec, sorted(set().union(*names)))
+            listed = ", ".join(names[0]) or "none in " + str(recipes_dir)
+            if len(folders) > 1:
+                listed += f"; built in: {', '.join(names[1]) or 'none in ' + str(BUILTIN_RECIPES)}"
+            raise ConfigError(f"unknown recipe {spec!r}{'; ' + hint if hint else ''} (available: {listed})")
+        path = found[0]
     path = path.resolve()
     # A name unique per file, so two recipes called grpo.py (repo and fork) never share a module;
     # registered in sys.modules because dataclasses and get_type_hints look the module up there.
