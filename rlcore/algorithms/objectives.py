@@ -17,6 +17,9 @@ whatever the split. A per-micro-batch mean would instead weight short micro-batc
 
 Losses return `(loss, metrics)`. Every metric is a detached scalar contribution in the same sense (divided by a
 global count), so the trainer sums it over micro-batches and ranks to get the step's value.
+
+Why one file of ~370 lines: the shared loss pieces live once, in one module (every algorithm composes them and
+PolicyLoss); split, one loss would be read across files.
 """
 from __future__ import annotations
 

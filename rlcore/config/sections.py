@@ -1,17 +1,15 @@
-"""The run configuration: typed dataclasses, every field documented where it is declared.
+"""The run configuration: typed dataclasses, every field documented where it is declared (what is valid for
+each: rlcore/config/valid.py; the checks across fields: rlcore/config/checks.py).
 
 A recipe (recipes/NAME.py) is a function `config() -> Config`. Command-line `key=value` overrides are
 applied to it by rlcore.config.cli, by the runtime type of each field.
 """
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from rlcore.algorithms.base import check as check_algorithm
-from rlcore.config.roles import models_of
+from rlcore.config.valid import SANDBOX_LIMITS, check_fields
 
 
 @dataclass
@@ -185,7 +183,7 @@ class SandboxConfig:
         "fractions", "decimal", "statistics", "heapq", "bisect", "datetime", "copy", "typing", "textwrap"])
 
     def __post_init__(self):  # Sandbox(SandboxConfig(...)) outside a run; a run's are checked by check_values
-        _check(self, _SANDBOX, "sandbox.")
+        check_fields(self, SANDBOX_LIMITS, "sandbox.")
 
 
 @dataclass
@@ -227,164 +225,6 @@ class Config:
     # The recipe's algorithm object, e.g. rlcore.algorithms.grpo.GRPO(); its contract (the flags and hooks the
     # trainer uses) is rlcore.algorithms.base.Algorithm. Typed Any: overrides are typed by the object's fields.
     algorithm: Any = None
-
-
-def validate(cfg: Config, dims) -> None:
-    """Cheap checks of the whole config against the mesh (`dims`: rlcore.distributed.parallel.ParallelDims), before
-    anything loads. Raises ValueError naming the field."""
-    check_algorithm(cfg.algorithm)
-    cfg.algorithm.validate(cfg)
-    if not cfg.rewards and not cfg.rollout.env and not cfg.rollout.agent:
-        raise ValueError("rewards is empty: the recipe must list at least one reward function or model, or set "
-                         "rollout.env (an environment whose step rewards are the reward) or rollout.agent")
-    for i, spec in enumerate(cfg.rewards):
-        if bool(spec.fn) == bool(spec.model):
-            raise ValueError(f"rewards[{i}] must set exactly one of fn (a reward function) or model (a "
-                             f"sequence-classification reward model)")
-    if cfg.data.eval_path and not any(spec.fn for spec in cfg.rewards) and not (cfg.rollout.env or cfg.rollout.agent):
-        raise ValueError("data.eval_path needs a reward function in rewards (the first one scores held-out "
-                         "correctness) or an environment; set data.eval_path= to turn eval off")
-    check_values(cfg)
-    r, t = cfg.rollout, cfg.train
-    if r.schedule == "lockstep" and (r.trajectory_timeout_s or r.step_deadline_s):
-        raise ValueError("rollout.trajectory_timeout_s and rollout.step_deadline_s need rollout.schedule=continuous "
-                         "(the lockstep loop has no way to cut a trajectory short)")
-    if not dims.split and r.prompts_per_step % dims.world_size:
-        raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the world "
-                         f"size {dims.world_size} (every rank trains on whole prompt groups)")
-    for ranks, role in ((dims.generators, "rollout ranks (each scores whole prompt groups)"),
-                        (dims.trainers, "trainer ranks (each trains on whole prompt groups)")) if dims.split else ():
-        if r.prompts_per_step % ranks:
-            raise ValueError(f"rollout.prompts_per_step={r.prompts_per_step} must be divisible by the {ranks} {role}")
-    rows = r.prompts_per_step // dims.trainers * r.group_size
-    if rows % t.mini_batches:
-        raise ValueError(f"train.mini_batches={t.mini_batches} must divide the {rows} sequences per rank")
-    if r.max_staleness and not dims.split:
-        raise ValueError(f"rollout.max_staleness={r.max_staleness} needs a split mesh: set rollout.ranks (the ranks "
-                         f"that only generate); colocated runs are on-policy")
-    if r.max_staleness and not cfg.algorithm.corrects_off_policy:
-        raise ValueError(f"rollout.max_staleness={r.max_staleness} samples with older weights than it trains: the "
-                         f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
-    if dims.split and models_of(cfg).engine_lora:
-        raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
-    if r.stream:
-        check_stream(cfg, dims)
-    elif r.free_loads:
-        raise ValueError("rollout.free_loads=true is a way of streaming: set rollout.stream=true (or free_loads=false)")
-    if dims.split and any(spec.model for spec in cfg.rewards):
-        raise ValueError("rewards[].model (a reward model) is not supported with rollout.ranks > 0 (split mesh): "
-                         "rewards are scored on the rollout ranks, which hold no models; use a reward function")
-
-
-def check_stream(cfg: Config, dims) -> None:
-    """Streaming's own limits (rlcore/modes/stream/), before anything loads."""
-    r = cfg.rollout
-    if not dims.split:
-        raise ValueError("rollout.stream=true needs a split mesh: set rollout.ranks (the ranks that only generate)")
-    if not cfg.algorithm.corrects_off_policy:
-        raise ValueError("rollout.stream=true loads weights under requests in flight, so samples span versions: "
-                         "the loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
-    if r.step_deadline_s:
-        raise ValueError("rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories "
-                         "run across steps): set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)")
-    if getattr(cfg.algorithm, "dynamic_sampling", 0):
-        raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
-    if r.max_running and r.max_running < r.group_size:
-        raise ValueError(f"rollout.max_running={r.max_running} is below one prompt group (rollout.group_size="
-                         f"{r.group_size}): the engine could never admit a group; valid: >= {r.group_size}")
-
-
-def _at_least(low):
-    return lambda v: v >= low, f">= {low}"
-
-
-def _above(low):
-    return lambda v: v > low, f"> {low}"
-
-
-def _between(low, high, closed_high=True):
-    ok = (lambda v: low <= v <= high) if closed_high else (lambda v: low <= v < high)
-    return ok, f"in [{low}, {high}{']' if closed_high else ')'}"
-
-
-def _whole(low):
-    return lambda v: isinstance(v, int) and v >= low, f"a whole number >= {low}"
-
-
-def _one_of(*names):
-    return lambda v: v in names, "one of " + ", ".join(names)
-
-
-_SECONDS = (lambda v: 0 < v < math.inf, "a finite number of seconds > 0")  # inf would disarm the deadlines
-_SANDBOX = {"timeout_s": _SECONDS, "cpu_s": _SECONDS, "memory_mb": _whole(1), "file_mb": _whole(1),
-            "tmp_mb": _whole(1), "max_processes": _whole(1), "max_output_bytes": _whole(1), "workers": _whole(1)}
-# Every numeric and named-choice field with what is valid. NaN fails every test (comparisons with NaN
-# are false), so `optim.lr=nan` is caught like `optim.lr=-1`. The algorithm checks its own fields.
-_OPTIM = {"lr": _at_least(0), "weight_decay": _at_least(0), "eps": _above(0), "warmup_steps": _at_least(0),
-          "schedule": _one_of("constant", "linear", "cosine"), "min_lr_ratio": _between(0, 1),
-          "max_grad_norm": _at_least(0)}
-VALID = {
-    "seed": _at_least(0),
-    "model.dtype": _one_of("float32", "bfloat16"),
-    "model.mixed_precision": _one_of("none", "bfloat16", "float32"),
-    "model.attn_implementation": _one_of("sdpa", "eager", "flash_attention_2"),
-    "data.max_prompt_tokens": _at_least(1), "data.eval_size": _at_least(0), "data.num_workers": _at_least(0),
-    "rollout.tensor_parallel": _at_least(1), "rollout.group_size": _at_least(1),
-    "rollout.prompts_per_step": _at_least(1), "rollout.max_new_tokens": _at_least(1),
-    "rollout.temperature": (lambda v: 0 < v <= 2, "in (0, 2] (vLLM refuses more)"), "rollout.max_model_len": _at_least(0),
-    "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "rollout.cpu_kv_cache_gb": _above(0), "rollout.logprob_diff_threshold": _at_least(0),
-    "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
-    "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
-    "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),
-    "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
-    "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
-    "rollout.schedule": _one_of("lockstep", "continuous"),
-    "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
-    "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
-    "rollout.max_running": _at_least(0), "rollout.join_steps": _at_least(0),
-    **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
-    "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
-    "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),
-    "train.save_every": _at_least(0), "train.keep_checkpoints": _at_least(1), "train.export_every": _at_least(0),
-    "train.max_skipped_steps": _at_least(1), "train.logprob_chunk_tokens": _at_least(0),
-    "train.max_tokens_per_micro_batch": _at_least(0), "train.watchdog_s": _SECONDS,
-    # vLLM 0.32 takes max_lora_rank in {1, 8, ..., 320, 512} and serves any adapter rank up to it.
-    "lora.rank": (lambda v: isinstance(v, int) and 1 <= v <= 512, "an integer in [1, 512] (vLLM's largest "
-                  "max_lora_rank is 512)"),
-    "lora.alpha": _above(0), "lora.lr_scale": _above(0), "lora.sync": _one_of("adapter", "merged"),
-    **{f"sandbox.{k}": test for k, test in _SANDBOX.items()},
-}
-
-
-def check_values(cfg: Config) -> None:
-    """Each field of VALID in range (a wrong type, e.g. a string where a number belongs, fails too), the
-    AdamW betas and reward weights, and a run name that stays inside output_dir."""
-    _check(cfg, VALID)
-    for section, optim in (("optim", cfg.optim), ("critic.optim", cfg.critic.optim)):
-        if len(optim.betas) != 2 or not all(0 <= b < 1 for b in optim.betas):
-            raise ValueError(f"{section}.betas must be two numbers in [0, 1) (got {optim.betas})")
-    for i, spec in enumerate(cfg.rewards):
-        if not math.isfinite(spec.weight):
-            raise ValueError(f"rewards[{i}].weight must be a finite number (got {spec.weight})")
-    name = str(cfg.name)
-    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name:
-        raise ValueError(f"name must be a plain folder name inside output_dir, without '/' or '..' "
-                         f"(got {name!r})")
-
-
-def _check(obj, table: dict, prefix: str = "") -> None:
-    """Raise a ValueError naming the first field of `table` (dotted keys under `obj`) that is not valid."""
-    for key, (ok, valid) in table.items():
-        value = obj
-        for part in key.split("."):
-            value = getattr(value, part)
-        try:
-            good = bool(ok(value))
-        except TypeError:
-            good = False
-        if not good or isinstance(value, bool) and not valid.startswith("one of"):
-            raise ValueError(f"{prefix}{key} must be {valid} (got {value!r})")
 
 
 RewardFn = Callable[..., list[float]]

@@ -16,6 +16,9 @@ each sync gathers only the adapters (one parameter at a time), writes them as a 
 as a new adapter version (new name and id; the previous one is removed), and every generate and
 prompt-logprobs call carries that adapter's LoRARequest. With lora.sync=merged the sync above streams
 W + (alpha/r) B A (rlcore/models/weights.py) into an engine without LoRA.
+
+Why one file of ~350 lines: it is the only module that calls vLLM, so every vLLM call (and what a vLLM upgrade
+must keep) is in one file.
 """
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ A save writes everything into the temporary sibling, then COMPLETE.json, then re
 named step_<N> is always whole. Rollout seeds derive from (run seed, step, prompt index), so the
 step, the RNG states and the prompt stream's position are all a resumed run needs to make the same
 decisions. Checkpoints and exports must be on a file system every rank sees.
+
+Why one file of ~350 lines: saving, resolving, loading and the stop signal share one on-disk layout (step_<N>/,
+COMPLETE.json, rank files), kept in one place.
 """
 from __future__ import annotations
 

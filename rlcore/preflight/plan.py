@@ -55,6 +55,9 @@ refuses to start otherwise). On CPU the ranks of a node share the host: nproc_pe
 with MemTotal (split: a node's rollout and trainer ranks together, on the node where the bar's kind holds
 the most). A lever is applied to a copy of the config and the plan rebuilt; levers rank by how much
 of the bar's shortfall they remove.
+
+Why one file of ~350 lines: every memory bar's formula sits side by side, so they can be compared and checked
+together; the text is plan_render.py's.
 """
 from __future__ import annotations
 

@@ -28,6 +28,9 @@ penalties and no logit bias are accepted, anything else is refused; `seed` is ig
 from the trajectory's, as for environments). n > 1, streaming, forced tool choice, an unknown model and
 unknown fields are refused too: an OpenAI-style 400 error body naming the parameter and why, with
 `x-should-retry: false` so the client does not retry; the trajectory is marked failed (no loss on it).
+
+Why one file of ~360 lines: the OpenAI API surface served to agents (routes, fields accepted or refused, answers)
+is in one place, to be read against the spec; the transport is wire.py.
 """
 from __future__ import annotations
 

@@ -32,6 +32,9 @@ deadline (rollout.turn_deadline_s, and never later than the moment the loop woul
 rollout.env_timeout_s or the continuous schedule's budgets) and the tool calls one turn may run
 (rollout.max_tool_calls). rlcore's tools keep to them (rlcore.rollout.tools); a long-running environment
 should too, since a call the loop gives up on cannot be stopped (Python cannot stop a thread).
+
+Why one file of ~310 lines: the protocol users implement and the runner that calls it with deadlines read side by
+side: the contract and its enforcement.
 """
 from __future__ import annotations
 

@@ -46,6 +46,9 @@ turn's deadline too (`[timeout: the turn's time ran out]`).
 Startup: `Toolbox(...)` checks the declarations and `check_template(tokenizer, model_path)` that the model's
 chat template renders the tools; prompts are rendered with `apply_chat_template(..., tools=toolbox.schemas)`
 (rlcore.preflight.checks). The parsers of each family's call format are in rlcore.rollout.toolcall.
+
+Why one file of ~350 lines: the native tool path end to end (schemas, parsing the call, running it with its
+limits, ToolEnv, the python tool) reads in order in one file.
 """
 from __future__ import annotations
 

@@ -12,6 +12,9 @@ is then wrong (17% accuracy) while the right one keeps up to a fifth of the prob
 it (pass@8 75%): headroom that the reward can unlock, which an RL demo needs. A merely under-trained model
 is a worse start: at 25% greedy its pass@8 is ~60%, the step it gets there swings with the seed, and GRPO
 gains ~20 points on it where this start gains ~60.
+
+Why one file of ~370 lines: the whole embedded demo (tokenizer, model, task, warm start, teacher) is one file a
+reader can follow end to end; the tiny tasks reuse its parts.
 """
 from __future__ import annotations
 

@@ -1,7 +1,11 @@
 """Streaming's engine side: each engine keeps up to rollout.max_running trajectories in flight, admits groups
 across step boundaries, hands batches over and loads versions between two engine steps (the Engine class); its
 timing and the decisions every rank of a tensor-parallel engine agrees on. The design, the exchanges and the
-guarantees: rlcore/modes/stream/__init__.py."""
+guarantees: rlcore/modes/stream/__init__.py.
+
+Why one file of ~300 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
+read as one loop.
+"""
 from __future__ import annotations
 
 import threading
