@@ -1,0 +1,66 @@
+"""benchmarks/RESULTS.md opens with "Results at a glance", one row per goal, and the table can be trusted:
+every row links a heading of the file (GitHub's anchors, repeats numbered -1, -2), and every number of its
+"today" cell (1.06x, x0.68, 2759 s, 17.2%, 0.31) appears verbatim in the section it links to, from that
+heading to the next "## " heading. A number copied wrong, or a link to the wrong section, fails here."""
+import re
+
+from conftest import ROOT
+
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+NUMBER = re.compile(r"(?<![\w.=])x?\d+(?:,\d{3})*(?:\.\d+)?(?:x|%| s\b)?(?!\w|\.\d)")  # not k=1, 0.3M, 8x4
+
+
+def sections(text: str) -> dict[str, str]:
+    """GitHub's anchor of every '## ' heading -> the text from it to the next '## ' heading."""
+    out, seen = {}, {}
+    for part in re.split(r"^(?=## )", text, flags=re.M)[1:]:
+        slug = re.sub(r"[^\w\- ]", "", part.split("\n", 1)[0][3:].strip().lower()).replace(" ", "-")
+        out[f"{slug}-{seen[slug]}" if slug in seen else slug] = part
+        seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+def glance_rows(text: str) -> list[dict[str, str]]:
+    """The rows of the 'Results at a glance' table, as {column: cell}."""
+    table = re.search(r"^## Results at a glance\n.*?\n(\|.*?)\n\n", text, re.S | re.M).group(1)
+    header, _, *rows = [[c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]] for line in table.splitlines()]
+    return [dict(zip(header, row)) for row in rows]
+
+
+def problems(rows: list[dict[str, str]], text: str) -> list[str]:
+    found, by_anchor = [], sections(text)
+    for row in rows:
+        anchor = re.fullmatch(r"\[[^\]]+\]\(#([^)]+)\)", row["section"])
+        if not anchor or anchor.group(1) not in by_anchor:
+            found.append(f"{row['goal']}: no heading for {row['section']}")
+            continue
+        body = by_anchor[anchor.group(1)]
+        found += [f"{row['goal']}: {n} not in its section" for n in NUMBER.findall(row["today"]) if n not in body]
+    return found
+
+
+def test_the_table_covers_the_goals():
+    text = RESULTS.read_text()
+    assert text.index("## Results at a glance") < text.index("(2026-11-21)")  # before the first dated section
+    rows = glance_rows(text)
+    assert len(rows) >= 30 and all(r["command"].startswith("`") and r["machine"] for r in rows)
+    goals = " ".join(r["goal"] for r in rows)
+    for goal in ["demo step", "packed", "logits", "bare engine", "scaling", "weight sync", "TRL", "sandbox",
+                 "continuous vs lockstep", "LoRA", "split k=1", "stream", "on paper", "algorithms",
+                 "endpoint", "prefix cache", "make demo", "make test"]:
+        assert goal in goals, goal
+
+
+def test_every_link_and_number_is_in_its_section():
+    text = RESULTS.read_text()
+    assert problems(glance_rows(text), text) == []
+
+
+def test_the_check_can_fail():
+    text = RESULTS.read_text()
+    demo = "#rlcore-vs-trl-grpotrainer-demo-2026-11-22"
+    made_up = [{"goal": "made up", "today": "x1.26 and x9.99 (17.2%)", "section": f"[demo]({demo})"},
+               {"goal": "no such section", "today": "x1.26", "section": f"[demo]({demo}-9)"}]
+    assert problems(made_up, text) == ["made up: x9.99 not in its section", "made up: 17.2% not in its section",
+                                       f"no such section: no heading for [demo]({demo}-9)"]
+    assert "a-b-1" in sections("## A b\n## A b\n")  # repeats numbered as GitHub does
