@@ -76,6 +76,11 @@ class RolloutEngine:
         self._version = 0
         if not self.cuda and cfg.rollout.tensor_parallel > 1:
             remove_stale_cpu_shm()
+        if not self.cuda:
+            # Eager on CPU (enforce_eager below), but vLLM still torch.compiles a few integer-only helpers (the
+            # sampled token's rank, TP's vocabulary mask): ~2 s of compiling per engine start, for results eager
+            # computes identically. Process-wide: nothing of rlcore's own uses torch.compile.
+            torch._dynamo.config.disable = True
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
         self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
         # Split mesh: a generating engine never makes room for training (its ranks do not train).
