@@ -23,7 +23,7 @@ their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows the
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
 (its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
-Exit codes (of every rank): 0 done; 2 bad input; 3 the run stopped itself (also when no rank finished a stage
+Exit codes (of every rank): 0 done (or resumed at train.steps already: one line, nothing loads); 2 bad input; 3 the run stopped itself (also when no rank finished a stage
 for train.watchdog_s: rlcore/distributed/watchdog.py); 75 preempted (SIGTERM or
 SIGUSR1: the step finished and a checkpoint was written; run again with resume=auto). torchrun itself
 exits 1 whenever a rank fails or it was signalled, so with RLCORE_EXIT_CODE_FILE=PATH set, local rank 0
@@ -53,6 +53,7 @@ from rlcore.config import help as config_help  # noqa: E402
 from rlcore.config.cli import parse_argv  # noqa: E402
 from rlcore.distributed import watchdog  # noqa: E402
 from rlcore.distributed.collectives import Preempted, RunError  # noqa: E402
+from rlcore.outputs.checkpoint import RunComplete  # noqa: E402
 from rlcore.preflight import plan  # noqa: E402
 from rlcore.preflight.checks import InputError  # noqa: E402
 from rlcore.trainer import train  # noqa: E402
@@ -77,6 +78,10 @@ def main(argv: list[str]) -> int:
             show_plan(cfg, rank)
         else:
             train(cfg)
+    except RunComplete as e:  # resume of a finished run: every rank stops before anything loads
+        together = True
+        if rank == 0:
+            print(f"rlcore: {e}", flush=True)
     except (ValueError, RunError) as e:
         if os.environ.get("RLCORE_DEBUG"):
             traceback.print_exc()
@@ -90,13 +95,17 @@ def main(argv: list[str]) -> int:
         record_error(line)
         code = (EXIT_PREEMPTED if isinstance(e, Preempted) else
                 EXIT_RUN_STOPPED if isinstance(e, RunError) else EXIT_BAD_INPUT)
-    finally:
+    except BaseException:  # a traceback: this rank leaves now, and the others no longer wait for it
         watchdog.stop()
+        raise
     if dist.is_initialized() and (code == 0 or together):
-        # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections.
-        dist.barrier()
+        # Every rank is here: leave together, so no rank's exit aborts another's gloo/NCCL connections. The
+        # watchdog still runs: a rank that never arrives (a side still waiting in an exchange) is named, not waited on.
+        with watchdog.stage("leaving together", waits=True):
+            dist.barrier()
         from rlcore.engine.rollout_engine import leave_process_groups
         leave_process_groups()
+    watchdog.stop()
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")
     if status and os.environ.get("LOCAL_RANK", "0") == "0":
         Path(status).write_text(f"{code}\n")

@@ -43,6 +43,7 @@ def setup(cfg: Config) -> Run:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
     run_dir, meta, resume_from, resume_notes = preflight.on_every_rank(preflight.check_config, cfg, dims)
+    checkpoint.check_not_complete(cfg, run_dir, resume_from)  # nothing to do: every rank stops here, exit 0
     watchdog.start(cfg.train.watchdog_s)  # stopped by launch/train.py, whatever ends the run
     # Tools and reward functions reach one sandbox per rank through rlcore.sandbox.shared(): started on first use.
     sandbox.configure(cfg.sandbox)
@@ -70,7 +71,7 @@ def setup(cfg: Config) -> Run:
                   plan=launch_plan, resume_from=resume_from, link=link)
     if not trains:  # a rollout rank of a split mesh holds no model
         logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
-                           every=cfg.train.log_every)
+                           every=cfg.train.log_every, off_policy=off_policy(cfg, dims))
         for line in layout(cfg, dims, held, 0) + resume_notes:
             logger.print(line)
         return Run(**common, logger=logger, rollout=rollout, trainer=None)
@@ -100,7 +101,7 @@ def setup(cfg: Config) -> Run:
         wandb = {"project": cfg.logging.wandb_project, "name": cfg.name, "config": config_to_dict(cfg),
                  "id": f"{cfg.name}-{meta['fingerprint']}"}  # a resumed run continues the same wandb run
     logger = RunLogger(run_dir, cfg.train.steps, enabled=rank == 0, start_step=checkpoint.saved_step(resume_from),
-                       wandb=wandb, every=cfg.train.log_every)
+                       wandb=wandb, every=cfg.train.log_every, off_policy=off_policy(cfg, dims))
     for line in layout(cfg, dims, held, len(reward_models)):
         logger.print(line)
     offload = " (CPU-offloaded)" if cfg.model.offload_frozen and device_type() == "cuda" else ""
@@ -152,6 +153,12 @@ def layout(cfg: Config, dims: ParallelDims, models: Models, reward_models: int, 
     if w > shown:
         lines.append(f"  ranks {shown}-{w - 1} alike: engine = rank // {k}")
     return lines
+
+
+def off_policy(cfg: Config, dims: ParallelDims) -> bool:
+    """Samples of an older policy reach the update (split at k >= 1, streaming): the engine-vs-trainer gap is
+    staleness there, and the probe after each load is the drift alarm."""
+    return dims.split and (cfg.rollout.max_staleness > 0 or cfg.rollout.stream)
 
 
 def total_optimizer_steps(cfg: Config) -> int:

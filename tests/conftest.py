@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,34 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("models")
     return {arch: tiny.build_random_model(root / arch, arch=arch, seed=0) for arch in ("qwen2", "qwen3", "llama")}
+
+
+# ---- the suite's order, and the warm starts built ahead -----------------------------------------------------
+
+# The tiny tasks' warm starts (rlcore/tasks/), in the order the slow tier first needs them. Built once into
+# RLCORE_CACHE by whichever process gets there first (a file lock: the others wait and read the cache).
+WARM_STARTS = ("from rlcore.tasks import calculator, guess, tiny, tooladd; tooladd.prepare(); tiny.prepare(); "
+               "tiny.prepare_teacher(); calculator.prepare(); guess.prepare(); tooladd.prepare_columns()")
+_builder: subprocess.Popen | None = None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The unit tier first, then the slow tier (each in file order). With slow tests to come, one process builds
+    the warm starts meanwhile, on the core the single-threaded unit tier leaves idle: otherwise each build runs
+    inside the first run that needs it, on its rank 0, while the other rank waits."""
+    global _builder
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    items[:] = [item for item in items if not item.get_closest_marker("slow")] + slow
+    if slow and _builder is None:
+        log = tempfile.NamedTemporaryFile("w", prefix="rlcore-warm-starts-", suffix=".log", delete=False)
+        _builder = subprocess.Popen([sys.executable, "-c", WARM_STARTS], cwd=ROOT, stdout=log, stderr=log,
+                                    env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _builder is not None and _builder.poll() is None:  # a run stopped early: the cache stays unbuilt, not half-built
+        _builder.terminate()
+        _builder.wait(timeout=60)
 
 
 class EntryServer:

@@ -200,6 +200,16 @@ def test_bad_resume_paths_fail_before_training(entry, straight, tmp_path):
         assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-3000:]
         assert expected in lines[0], lines[0]
     assert not (tmp_path / "out").exists()
+    # A resume of a run already at train.steps has nothing to do: one line, exit 0, before anything loads (the
+    # checkpoint and the run folder untouched); fewer steps than the checkpoint's is the same.
+    end = straight / "checkpoints" / "step_4"
+    files = {f: f.read_bytes() for f in sorted(straight.rglob("*")) if f.is_file()}
+    for steps in (4, 3):
+        proc = entry.train(*RUN, f"train.steps={steps}", f"output_dir={straight.parent}", "resume=auto")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout == (f"rlcore: run 'demo' is complete: checkpoint {end} is at step 4 (train.steps={steps}); "
+                               f"its export is {straight / 'hf' / 'step_4'}. Raise train.steps to train longer\n")
+    assert {f: f.read_bytes() for f in sorted(straight.rglob("*")) if f.is_file()} == files
 
 
 def test_stop_signal_records_sigterm_and_sigusr1():

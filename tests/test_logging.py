@@ -43,6 +43,28 @@ def test_a_log_file_gets_plain_lines_only(tmp_path):
     assert len(steps) == 4  # every step reaches the metrics file, whatever train.log_every shows
 
 
+def test_the_progress_line_shows_the_alarm_of_the_mode(tmp_path):
+    """On-policy the line shows lp_diff (the engine-vs-trainer gap, the drift alarm); off-policy (split k >= 1,
+    streaming) that gap is staleness: the line shows the probe's gap after the load and the staleness instead,
+    and the behaviour gap stays in metrics.jsonl under its own name."""
+    from rlcore.outputs.metrics import RunLogger
+
+    step = {"reward/mean": 0.5, "policy/entropy": 0.25, "rollout/logprob_diff_max": 1.55,
+            "async/probe_logprob_diff_max": 9e-06, "async/staleness_mean": 1.0, "async/token_staleness_mean": 0.5,
+            "time/step_s": 0.25}
+    lines = {}
+    for off_policy in (False, True):
+        log = RunLogger(tmp_path / str(off_policy), total_steps=1, enabled=True, off_policy=off_policy)
+        shown = []
+        log.print = shown.append  # the lines rank 0 would print
+        log.log(1, step)
+        log.close()
+        lines[off_policy] = shown
+        assert json.loads((tmp_path / str(off_policy) / "metrics.jsonl").read_text())["rollout/logprob_diff_max"] == 1.55
+    assert lines[False] == ["step 1/1: reward=0.5 entropy=0.25 lp_diff=1.55 s=0.25"]
+    assert lines[True] == ["step 1/1: reward=0.5 entropy=0.25 probe_diff=9e-06 stale=0.5 s=0.25"]  # per token first
+
+
 def test_a_terminal_gets_the_bar_above_which_the_lines_scroll(tmp_path):
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal

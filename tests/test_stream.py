@@ -200,6 +200,9 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     assert metrics(tmp_path / "b" / "demo") == a
     weights = "hf/step_6/model.safetensors"
     assert (tmp_path / "b" / "demo" / weights).read_bytes() == (tmp_path / "a" / "demo" / weights).read_bytes()
+    # The finished run started again: nothing to do, one line, exit 0 (main waited here until killed).
+    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto", timeout=120)
+    assert proc.returncode == 0 and "rlcore: run 'demo' is complete" in proc.stdout, proc.stderr[-4000:]
 
     from rlcore.tasks import tiny
     out = tmp_path / "scores.json"

@@ -68,7 +68,7 @@ def test_prepare_is_complete_and_reused(tmp_path, monkeypatch):
     stamp = (tmp_path / tiny.VERSION / "meta.json").stat().st_mtime_ns
     tiny.prepare()  # cached: nothing rebuilt
     assert (tmp_path / tiny.VERSION / "meta.json").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == [tiny.VERSION]  # no temporary folder left behind
+    assert built(tmp_path) == [tiny.VERSION]  # no temporary folder left behind
 
 
 def test_concurrent_builder_keeps_the_first_complete_cache(tmp_path, monkeypatch):
@@ -83,7 +83,7 @@ def test_concurrent_builder_keeps_the_first_complete_cache(tmp_path, monkeypatch
     monkeypatch.setattr(tiny, "build", build_while_another_finishes)
     tiny.prepare()
     assert json.loads((target / "meta.json").read_text()) == {"winner": True}
-    assert [p.name for p in tmp_path.iterdir()] == [tiny.VERSION]  # the loser's copy is gone
+    assert built(tmp_path) == [tiny.VERSION]  # the loser's copy is gone
 
 
 def test_crashed_build_leaves_no_cache(tmp_path, monkeypatch):
@@ -96,4 +96,37 @@ def test_crashed_build_leaves_no_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny, "build", crash)
     with pytest.raises(KeyboardInterrupt):
         tiny.prepare()
-    assert list(tmp_path.iterdir()) == []
+    assert built(tmp_path) == []
+
+
+def test_a_second_builder_waits_for_the_first_and_builds_nothing(tmp_path, monkeypatch):
+    """Two processes (here threads, each with its own lock file handle) prepare the same cache at once: one
+    builds, the other waits on the lock and then reads that build."""
+    import threading
+
+    monkeypatch.setenv("RLCORE_CACHE", str(tmp_path))
+    started, release, builds = threading.Event(), threading.Event(), []
+
+    def slow_build(out_dir):
+        builds.append(out_dir)
+        started.set()
+        release.wait(10)
+        (out_dir / "meta.json").write_text(json.dumps({"build": len(builds)}))
+
+    first = threading.Thread(target=tiny.prepare_cached, args=(tiny.VERSION, slow_build))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=tiny.prepare_cached, args=(tiny.VERSION, slow_build))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive()  # waiting on the lock, not building a copy
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(builds) == 1 and json.loads((tmp_path / tiny.VERSION / "meta.json").read_text()) == {"build": 1}
+    assert built(tmp_path) == [tiny.VERSION]
+
+
+def built(cache) -> list[str]:
+    """The cache's folders (its lock files aside)."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import rank_exit_codes, train_cmd
+from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
 
 WATCHDOG_S = 15
 
@@ -81,3 +81,20 @@ def test_a_reward_that_never_returns_stops_every_rank_in_time(tmp_path):
     # faulthandler's dump of rank 1, every thread: the reward function's frame, and the watchdog's own thread
     assert re.search(r'File ".*hang\.py", line \d+ in hang_on_rank_1', proc.stderr), proc.stderr[-4000:]
     assert re.search(r'in _fire\n', proc.stderr), proc.stderr[-4000:]
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_reaches_the_exit_is_named(tmp_path):
+    """The watchdog covers the exit too: rank 1 finishes the run and then never reaches launch/train.py's exit;
+    rank 0 waits for it in the exit's barrier, and within train.watchdog_s both ranks stop with exit 3 and the
+    line names rank 1 (main stopped the watchdog before that barrier, and rank 0 waited there for good)."""
+    mark = tmp_path / "stalled"
+    proc = torchrun(WORKERS / "faults.py", "recipe=demo", "train.steps=1", "data.eval_path=",
+                    "rollout.prompts_per_step=8", "rollout.group_size=4", f"train.watchdog_s={WATCHDOG_S}",
+                    f"output_dir={tmp_path}", env={"STALL_AT_EXIT_RANK": "1", "STALL_MARK": str(mark)}, timeout=300)
+    ended = time.time()
+    assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
+    assert WATCHDOG_S <= ended - float(mark.read_text()) <= WATCHDOG_S + 8
+    line = next(line for line in proc.stderr.splitlines() if "this rank (0)" in line)
+    assert re.search(r"this rank \(0\) waits in 'leaving together' for 1[5-9]\.\d s; rank 1 is behind, it is in no "
+                     r"stage \(after '[^']+'\)", line), line

@@ -80,9 +80,9 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         metrics |= {"time/collect_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
         ready[b] = (batch, metrics)
 
-    def hand_over(t: int, error: str | None) -> None:
+    def hand_over(t: int, error: str | None, save: bool = True) -> None:
         """The batch half of exchange t: batch t+1 to the trainers (None after the last step), then the
-        checkpoint when due or asked for."""
+        checkpoint when due or asked for (`save`: not when resuming from the checkpoint of step t itself)."""
         nonlocal probe
         path = None
         if error is None and t < steps and t + 1 not in ready:
@@ -98,7 +98,7 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
             raise RunError(error_in(messages))
         loop.state = trainers_state(run, messages)
         stopping = any(m["stop"] for m in messages)
-        if t > 0 and (stopping or loop.save_due(t)):
+        if t > 0 and save and (stopping or loop.save_due(t)):
             later = {b: v for b, v in ready.items() if b > t}  # not yet logged (batch t+1 is with the trainers)
             path = loop.save(t, {}, {"split": {"ready": later, "probe": probe}}, writer=run.dims.rollout_ranks)
         if stopping:
@@ -109,6 +109,11 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         state = own_state(run)
         ready, probe = state["ready"], state["probe"]
         receive_weights(run, link)  # the checkpointed weights (logged already)
+        if start < steps and start + 1 not in ready:  # saved at the end of a shorter run: nothing was sampled ahead
+            run.logger.print(f"resume: the checkpoint ended a run at step {start}: batch {start + 1} is sampled "
+                             f"with version {start} (a run of {steps} steps from the start samples it with version "
+                             f"{sampled_with(start + 1, k)})")
+            hand_over(start, None, save=False)
     else:
         hand_over(0, None)
     last = time.perf_counter()  # the wall time between two exchanges is a step of the split loop
@@ -147,8 +152,9 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     cfg, steps = run.cfg, run.cfg.train.steps
     k, leader = cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
 
-    def take(t: int) -> Batch | None:
-        """The batch half of exchange t: this rank's slice of batch t+1, and the checkpoint when due."""
+    def take(t: int, save: bool = True) -> Batch | None:
+        """The batch half of exchange t: this rank's slice of batch t+1, and the checkpoint when due (`save`: not
+        when resuming from the checkpoint of step t itself)."""
         nonlocal probe
         path = None
         messages = exchange(link, {"batch": None, "error": None, "stop": loop.stop.received, "probe": None,
@@ -159,7 +165,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         loop.state = trainers_state(run, messages)
         batch = my_slice(run, messages) if t < steps else None
         stopping = any(m["stop"] for m in messages)
-        if t > 0 and (stopping or loop.save_due(t)):
+        if t > 0 and save and (stopping or loop.save_due(t)):
             path = loop.save(t, run.trained_models(), {"split": {"batch": batch, "probe": probe}},
                              writer=run.dims.rollout_ranks)
         if stopping:
@@ -171,6 +177,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         state = own_state(run)
         batch, probe = state["batch"], state["probe"]
         send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
+        if batch is None and start < steps:  # saved at the end of a shorter run: batch start+1 is sampled now
+            batch = take(start, save=False)
     else:
         probe = None
         batch = take(0)

@@ -148,6 +148,23 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
     return path, notes + [f"resume: continuing after step {saved['step']} from {path}"]
 
 
+class RunComplete(Exception):
+    """resume: the checkpoint is already at train.steps: nothing to do. Every rank raises it together, before any
+    engine or model loads, and launch/train.py prints its one line and exits 0."""
+
+
+def check_not_complete(cfg, run_dir: Path, path: Path | None) -> None:
+    """Raise RunComplete when the checkpoint to resume from is at (or past) train.steps."""
+    step = saved_step(path)
+    if path is None or step < cfg.train.steps:
+        return
+    export = run_dir / "hf" / f"step_{step}"
+    where = (f"its export is {export}" if export.is_dir() else
+             f"no export at step {step} (python launch/convert.py {path} OUT writes one)")
+    raise RunComplete(f"run '{cfg.name}' is complete: checkpoint {path} is at step {step} (train.steps="
+                      f"{cfg.train.steps}); {where}. Raise train.steps to train longer")
+
+
 def saved_step(path: Path | None) -> int:
     return json.loads((path / MARKER).read_text())["step"] if path is not None else 0
 

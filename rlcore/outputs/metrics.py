@@ -19,9 +19,14 @@ STEP_KEYS = (
     "time/step_s",
     "throughput/generate_tok_s", "throughput/sync_gb_s", "time/sync_share", "memory/peak_gb", "train/skipped_steps",
 )
-# The short progress line shows these.
+# The short progress line shows these. On-policy, lp_diff is the drift alarm's own number (engine vs trainer on
+# the sampled tokens). Off-policy (split at k >= 1, streaming) that gap is the policy's staleness, not a fault:
+# the line shows the alarm's number there, the probe's gap after each load, and the staleness instead.
 PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
                  ("rollout/logprob_diff_max", "lp_diff"), ("time/step_s", "s"))
+OFF_POLICY_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
+                   ("async/probe_logprob_diff_max", "probe_diff"), ("async/token_staleness_mean", "stale"),
+                   ("async/staleness_mean", "stale"), ("time/step_s", "s"))
 
 
 def peak_memory_gb() -> float:
@@ -54,13 +59,15 @@ def _turn(key: str) -> int:
 
 class RunLogger:
     def __init__(self, run_dir: Path, total_steps: int, enabled: bool, start_step: int = 0,
-                 wandb: dict | None = None, every: int = 1):
+                 wandb: dict | None = None, every: int = 1, off_policy: bool = False):
         """start_step > 0: a resumed run keeps the log of steps up to it and drops any later lines
         (steps a killed run logged after its last checkpoint are trained again).
         wandb: {"project", "name", "config"} mirrors every logged key and the config to Weights & Biases
         (imported here, only when asked for; WANDB_MODE=offline writes runs/<name>/wandb/ only).
-        every: steps between progress lines (the last step always has one); every step goes to the files."""
+        every: steps between progress lines (the last step always has one); every step goes to the files.
+        off_policy: the progress line shows the probe's gap and the staleness (OFF_POLICY_KEYS)."""
         self.enabled, self.wandb, self.total, self.every = enabled, None, total_steps, every
+        self.keys = OFF_POLICY_KEYS if off_policy else PROGRESS_KEYS
         if not enabled:
             return
         if wandb is not None:
@@ -96,7 +103,11 @@ class RunLogger:
             self.bar.update(1)
         if step % self.every and step != self.total:
             return
-        shown = [f"{short}={metrics[k]:.4g}" for k, short in PROGRESS_KEYS if k in metrics]
+        shown, named = [], set()
+        for key, short in self.keys:  # the first key present of each short name
+            if key in metrics and short not in named:
+                shown.append(f"{short}={metrics[key]:.4g}")
+                named.add(short)
         active = [f"{metrics[k]:g}" for k in sorted(metrics, key=_turn) if k.startswith("env/active_turn")]
         if active:  # multi-turn: trajectories still running in turn 1, 2, ...
             shown.append("active=" + "/".join(active))

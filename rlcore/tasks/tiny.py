@@ -18,6 +18,7 @@ reader can follow end to end; the tiny tasks reuse its parts.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -293,8 +294,8 @@ def build(out_dir: Path) -> dict:
 
 
 def prepare_cached(version: str, build) -> Path:
-    """Build cache_dir()/version once with `build(folder)`, atomically: a crash leaves no half-built cache;
-    of two concurrent builders the first to finish wins and the other discards its copy. Returns the folder.
+    """Build cache_dir()/version once with `build(folder)`, atomically: a crash leaves no half-built cache, and
+    a concurrent builder waits for the first (a file lock) and reuses its cache. Returns the folder.
     (rlcore.tasks builds its warm starts through this too.)"""
     target = cache_dir() / version
     if (target / "meta.json").exists():
@@ -305,17 +306,23 @@ def prepare_cached(version: str, build) -> Path:
         raise RuntimeError(f"{target} is not built: build it on rank 0 (the recipe's prepare hook does) before "
                            f"other ranks read it")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=target.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared folder
-        build(tmp)
+    # One builder per version at a time: a second process (another run on the node, or the test suite's build
+    # ahead of its runs) waits for the first, then reads its cache instead of building a copy.
+    with open(target.parent / f".{version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "meta.json").exists():
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=f".{version}.tmp-", dir=target.parent))
         try:
-            os.rename(tmp, target)  # atomic; fails if another builder's complete folder got there first
-        except OSError:
-            if not (target / "meta.json").exists():  # not a finished cache: a real error
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            tmp.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared folder
+            build(tmp)
+            try:
+                os.rename(tmp, target)  # atomic; fails if a builder without the lock got there first
+            except OSError:
+                if not (target / "meta.json").exists():  # not a finished cache: a real error
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
