@@ -43,6 +43,23 @@ sys.path.insert(0, str(ROOT))  # a checkout runs without `pip install -e .`
 
 from rlcore.outputs import library_logs  # noqa: E402  (the standard library only)
 
+
+def die_with_torchrun() -> None:
+    """torchrun starts each rank in a session of its own, so `kill -9` of torchrun (or of its process group) does
+    not reach the ranks: they would train on without it, writing into the run folder that the resume of the
+    killed job writes too. Linux: the kernel kills this rank when the process that started it dies."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the agent died before the line above: nobody will signal this rank
+        os._exit(1)
+
+
+die_with_torchrun()
+
 # Other libraries' startup notes hidden (logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 show them); torch
 # reads its C++ log level once, at import, so this comes first.
 library_logs.before_imports(sys.argv[1:])

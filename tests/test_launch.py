@@ -122,3 +122,46 @@ def test_bad_reward_function_stops_before_the_update(tmp_path):
     assert "reward function 'raises' raised on sample 0 (prompt '" in error_line(proc)
     metrics = (tmp_path / "demo" / "metrics.jsonl").read_text()
     assert metrics == "", "no step may be logged (or applied) after a reward failure"
+
+
+@pytest.mark.slow
+def test_kill_9_of_torchrun_leaves_no_rank_training(tmp_path):
+    """torchrun starts each rank in a session of its own, so `kill -9` of torchrun does not reach them: they used
+    to train on alone and finish the run, writing checkpoints into the folder the resume of the killed job
+    writes too (a resume raced them). launch/train.py asks the kernel to kill a rank when torchrun dies."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(ROOT / "launch" / "train.py"), "recipe=demo", "train.steps=60", "train.save_every=5", "data.eval_path=",
+           f"output_dir={tmp_path}"]
+    agent = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    metrics, deadline = tmp_path / "demo" / "metrics.jsonl", time.time() + 300
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    agent.send_signal(signal.SIGKILL)
+    agent.wait()
+
+    def ours() -> list[int]:  # the ranks: processes whose command line names this run's folder
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if str(tmp_path).encode() in open(f"/proc/{pid}/cmdline", "rb").read():
+                    pids.append(int(pid))
+            except OSError:
+                pass
+        return pids
+
+    killed = time.time()
+    while ours() and time.time() < killed + 5:
+        time.sleep(0.1)
+    assert ours() == []  # gone within seconds (the run's 60 steps take longer than that)
+    logged = metrics.read_text()
+    time.sleep(2)
+    assert metrics.read_text() == logged and len(logged.splitlines()) < 50  # nothing trains on
