@@ -9,6 +9,7 @@ suite's time); a checkpoint of 1+2 continues on 1+1 and one of 1+1 on 1+2 (the
 trainers' batch in flight resharded); a corrupted transfer trips the probe check.
 """
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,31 @@ def test_resume_across_layouts_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"was saved with rollout.ranks=0, but this run has rollout.ranks=1; "
                                          r"resume with the same layout"):
         checkpoint.resolve(split, tmp_path, checkpoint.describe(split, 2, 1))
+
+
+@pytest.mark.parametrize("saved, resumed, key", [
+    (("rollout.ranks=1", *K1), ("rollout.ranks=1", "rollout.max_staleness=2", "algorithm.tis_cap=2"),
+     "rollout.max_staleness"),
+    (("rollout.ranks=1", *K1), ("rollout.ranks=1", *K1, "rollout.stream=true"), "rollout.stream"),
+    (("rollout.ranks=2", "rollout.tensor_parallel=2", *K1), ("rollout.ranks=2", *K1), "rollout.tensor_parallel"),
+    (("lora=true",), (), "lora.enabled"),
+    (("lora=true",), ("lora=true", "lora.rank=8"), "lora.rank"),
+    ((), ("model.path=/elsewhere",), "model.path"),
+])
+def test_resume_into_another_layout_is_refused_naming_the_key(tmp_path, saved, resumed, key):
+    """The resume matrix's refusals (docs/long_runs.md): one line naming the key, before anything loads, the
+    checkpoint untouched."""
+    from rlcore.outputs import checkpoint
+
+    before, after = split_config(*saved), split_config(*resumed)
+    ckpt = tmp_path / "checkpoints" / "step_2"
+    ckpt.mkdir(parents=True)
+    (ckpt / checkpoint.MARKER).write_text(json.dumps(checkpoint.describe(before, 4, 1) | {"step": 2}))
+    marker = (ckpt / checkpoint.MARKER).read_bytes()
+    after.resume = str(ckpt)
+    with pytest.raises(ValueError, match=rf"^resume: checkpoint {ckpt} was saved .*{re.escape(key)}") as info:
+        checkpoint.resolve(after, tmp_path, checkpoint.describe(after, 4, 1))
+    assert "\n" not in str(info.value) and (ckpt / checkpoint.MARKER).read_bytes() == marker
 
 
 def test_layout_line_says_batches_or_streaming():
