@@ -12,6 +12,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).parent / "workers"
+
+FP32_EPS = 2.0 ** -23  # torch.finfo(torch.float32).eps
+# Engine (vLLM's CPU kernels) vs trainer (transformers) logprobs of the same tokens, fp32 on both sides, on the tiny
+# models: the same arithmetic in other orders. A logit passes through reductions of total length n = 2 layers x
+# (6 x 128 [q k v o gate up] + 256 [down] + 64 [keys]) + 128 [head] + 32 [logsumexp] = 2336; independent roundings
+# grow as sqrt(n) * eps per unit of |logit|, and the tiny models' logits stay below 15 (the largest |logit| on their
+# held-out prompts and answers, measured 2026-11-27: demo 10.2, tooladd 11.5, calculator 13.1, guess 4.6; random
+# models ~1): sqrt(2336) * 1.19e-7 * 15 = 8.6e-5 <= 1e-4. (The worst case, n * eps *
+# |logit| = 4e-3, is above the runs' own stop at rollout.logprob_diff_threshold=1e-3.)
+ENGINE_BOUND = 1e-4
 # Set in this process by importing rlcore.engine.rollout_engine (its default level when no entry point chose one); a
 # launched run gets the user's environment, so launch/train.py picks the libraries' levels (rlcore/outputs/library_logs.py).
 IMPORT_SET = {"VLLM_LOGGING_LEVEL"} - set(os.environ)

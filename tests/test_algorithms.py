@@ -9,12 +9,12 @@ import math
 
 import pytest
 
-from conftest import rank_exit_codes, train_cmd
+from conftest import FP32_EPS, rank_exit_codes, train_cmd
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 STEPS = 20
-FP32_EPS = 2.0 ** -23  # torch.finfo(torch.float32).eps
+
 VARIANTS = {
     "dr_grpo": ("recipe=demo", "algorithm.scale_rewards=false", "algorithm.loss_agg=seq-mean-token-sum-norm"),
     # DAPO, with token-budget packing (1024 tokens: each rank's ~3,000 tokens a step in 3-4 packed micro-batches)
@@ -67,7 +67,9 @@ def test_algorithm_learns_the_tiny_task(variant, tmp_path):
     if variant == "cispo":
         # engine and trainer agree to 1e-3 in fp32: the weights stay at 1, nothing is masked, the KL is ~0
         for r in rows[1:]:
-            assert abs(r["policy/is_weight_max"] - 1) < 2e-3 and abs(r["policy/is_weight_mean"] - 1) < 1e-3
+            # each token's weight is exp(old - rollout) with |old - rollout| below the run's 1e-3 drift stop, so
+            # its max and its mean are within e^1e-3 - 1 = 1.0005e-3 of 1, plus rounding
+            assert abs(r["policy/is_weight_max"] - 1) < 2e-3 and abs(r["policy/is_weight_mean"] - 1) < 2e-3
             assert r["policy/is_truncated_frac"] == 0 and r["policy/seq_masked_frac"] == 0
             # k3 = exp(-x) - 1 + x >= 0 exactly, but in fp32 exp(-x) for |x| < 1e-3 is within 2 ulp of its true
             # value near 1 (then `- 1` is exact): a token's k3 can be as low as -2 eps, and so can a mean of

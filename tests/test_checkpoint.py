@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -115,7 +115,9 @@ def test_hf_export_loads_in_transformers_and_vllm(straight, tmp_path):
         logprobs[mode] = json.loads((tmp_path / f"{mode}.json").read_text())["logprobs"]
     for mode in ("hf", "vllm"):
         diff = max(abs(a - b) for x, y in zip(logprobs["trainer"], logprobs[mode]) for a, b in zip(x, y))
-        assert diff < 1e-5, (mode, diff)  # measured: transformers 0.0, vLLM 3.8e-6
+        # transformers runs the trainer's own forward on the same weights (0.0 by construction, 1e-5 to spare);
+        # vLLM runs other kernels: the engine bound (conftest.ENGINE_BOUND; measured 3.8e-6)
+        assert diff < (1e-5 if mode == "hf" else ENGINE_BOUND), (mode, diff)
     trained, initial = load_file(hf_dir / "model.safetensors"), load_file(tiny.model_dir() / "model.safetensors")
     assert trained.keys() == initial.keys()
     assert max((trained[k] - initial[k]).abs().max().item() for k in trained) > 1e-5  # 4 steps moved it

@@ -77,7 +77,11 @@ def _worker(rank, init_file, baseline):
 
         mine = whole.rows(rank * 4, rank * 4 + 4)  # whole prompt groups per rank, as the trainer splits
         got, metrics = algo.advantages(mine, reduce)
-        torch.testing.assert_close(got, expected[rank * 4:rank * 4 + 4], atol=1e-6, rtol=0)
+        # The moments are fp32 sums (n <= 24 masked entries, |x| <= 1.3) added in another order over 2 ranks:
+        # dmu <= n u X = 2e-6, d(E[x^2]) <= n u X^2 = 2.4e-6, so with sigma >= 0.3 and |a| <= 3 the whitened
+        # advantage moves by at most ~1.7e-4 (the typical difference is ~1e-6; the local-statistics control below
+        # differs by > 1e-3).
+        torch.testing.assert_close(got, expected[rank * 4:rank * 4 + 4], atol=2e-4, rtol=0)
         assert got.abs().sum() > 0
         local, _ = algo.advantages(mine)  # whitening with only this rank's statistics differs
         assert (local - got).abs().max() > 1e-3

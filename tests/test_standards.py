@@ -242,7 +242,10 @@ def test_trl_tooladd_learns(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "trl_tooladd" / "metrics.jsonl").read_text().splitlines()]
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
-    assert abs(start - 0.234) < 0.01 and end - start >= 0.3, (start, end)
+    # step 0's greedy accuracy as every learning test floors it (a greedy argmax near a tie may flip on another
+    # CPU, and a tool transcript compounds it); that reset() writes the warm start's prompt is checked token for
+    # token by test_reset_text_goes_into_the_user_message
+    assert start >= 0.10 and end - start >= 0.3, (start, end)
     assert all(r["rollout/logprob_diff_max"] < 1e-3 for r in rows[1:])
     assert all(0 < r["reward/used_add"] <= r["reward/tool_calls"] for r in rows[1:])
     assert all(r["tool/calls"] == round(r["reward/tool_calls"] * 256) for r in rows[1:])

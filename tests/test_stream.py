@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, rank_exit_codes, torchrun
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun
 from test_split import learned, metrics, split_config
 
 STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2")
@@ -179,7 +179,7 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     killed in step 3 and resumed from step 2. A and B log the same numbers and export the same bytes: versions
     load at engine steps fixed by the data, not by arrival. Every token is at most k=1 version old, samples span
     versions, and +30 points. Batch 2's tokens (versions 0 and 1) match an engine holding the version each is
-    tagged with to 1e-6, and most differ from the other version's. With the prefix cache on (streaming's engine), a
+    tagged with within the engine bound, and most differ from the other version's. With the prefix cache on (streaming's engine), a
     prefix cached before rlcore's in-place load is never served after it: a new request is scored as afresh."""
     run = (*STREAM, "train.steps=6", "train.eval_every=6", "train.save_every=2", "train.export_every=1")
     proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}",
@@ -215,7 +215,10 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     def gap(a: str, b: str) -> float:
         return max(abs(x - y) for x, y in zip(prefix[a], prefix[b]))
     assert prefix["cached"]["hit"] >= 32 and prefix["cached"]["stale"] >= 32  # the cache serves whole blocks
-    assert gap("after_load", "fresh") <= 1e-6 and gap("hit", "fresh") <= 1e-6 and gap("old", "fresh") > 1e-4
+    # the same request and weights through other engine paths (a prefix-cache hit, a batch with the request in
+    # flight): other kernel shapes, so the engine bound (conftest.ENGINE_BOUND), not bit-equality
+    assert gap("after_load", "fresh") <= ENGINE_BOUND and gap("hit", "fresh") <= ENGINE_BOUND
+    assert gap("old", "fresh") > 1e-4
     assert gap("stale", "old") > 1e-4  # a reload that keeps the cache serves the other version's prefix
     sampled, versions = batch["loss_mask"].bool(), batch["token_versions"]
     assert sorted(int(v) for v in scores) == [0, 1]
@@ -228,7 +231,7 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
                 if sampled[i, t]:
                     gap = abs(lp - batch["rollout_logprobs"][i, t].item())
                     (own if versions[i, t] == int(v) else other).append(gap)
-    assert len(own) == sampled.sum() and max(own) <= 1e-6
+    assert len(own) == sampled.sum() and max(own) <= ENGINE_BOUND  # decode steps vs one prefill: other kernels
     assert sum(g > 1e-4 for g in other) > len(other) / 2
 
 

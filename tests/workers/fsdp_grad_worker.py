@@ -65,6 +65,7 @@ for agg in AGG_MODES:
             worst = max(worst, (p.grad - q.grad.full_tensor()).abs().max().item())
         result[f"{agg}/{micro}" + ("/chunked" if chunk else "")] = worst
     result[f"{agg}/grad_scale"] = reference.lm_head.weight.grad.abs().max().item()
+    result[f"{agg}/grad_max"] = max(p.grad.abs().max().item() for p in reference.parameters() if p.grad is not None)
 if rank == 0:
     json.dump(result, open(out, "w"))
 dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts on a vanished peer)
