@@ -23,8 +23,9 @@ their errors never: logging.library_logs=true or RLCORE_LIBRARY_LOGS=1 shows the
 Bad input exits non-zero with one line naming the field; RLCORE_DEBUG=1 also prints the traceback. Under
 torchrun that line is also written to the rank's TORCHELASTIC_ERROR_FILE, so torchrun's own failure report
 (its "Root Cause" section, the last lines printed) names the cause instead of only an exit code.
-Exit codes (of every rank): 0 done (or resumed at train.steps already: one line, nothing loads); 2 bad input; 3 the run stopped itself (also when no rank finished a stage
-for train.watchdog_s: rlcore/distributed/watchdog.py); 75 preempted (SIGTERM or
+Exit codes (of every rank): 0 done (or resumed at train.steps already: one line, nothing loads); 2 bad input;
+3 the run stopped itself (also when no rank finished a stage for train.watchdog_s:
+rlcore/distributed/watchdog.py); 75 preempted (SIGTERM or
 SIGUSR1: the step finished and a checkpoint was written; run again with resume=auto). torchrun itself
 exits 1 whenever a rank fails or it was signalled, so with RLCORE_EXIT_CODE_FILE=PATH set, local rank 0
 also writes its code to PATH (launch/slurm_node.sh reads it to decide on a requeue).
