@@ -37,6 +37,11 @@ def test_sync_is_exact_after_an_optimizer_step(models, tmp_path, arch, tp, order
     assert r["stale_max_diff"] > 0.05
     # Overlapping the next unit's all-gather with the engine's load changes no byte of what is streamed.
     assert r["overlap_stream_mismatch"] == []
+    # Asleep at level 2 the engine refuses, naming who asked; around the check every logprob is NaN (poisoned).
+    assert r["asleep_refused"].startswith("rlcore: engine prompt_logprobs called by __main__.<module> (line ")
+    assert r["asleep_refused"].endswith("asleep at level 2 (weights discarded, KV cache freed); "
+                                        "a sync_weights (or wake) must come first")
+    assert r["asleep_finite"] == 0 and r["state_after_sync"] == "ready"
     # fp32 on both sides: the synced engine (overlapped sync) scores fixed sequences as the trainer does.
     assert r["synced_max_diff"] < 1e-4
     # Every parameter streamed once; the most held at once is one FSDP2 unit, never the model.

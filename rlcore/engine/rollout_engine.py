@@ -23,6 +23,7 @@ must keep) is in one file.
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import shutil
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from rlcore.config import Config
 from rlcore.config.roles import models_of
 from rlcore.distributed import watchdog
+from rlcore.engine.lifecycle import Lifecycle
 from rlcore.models import lora
 from rlcore.models.weights import checkpoint_weights
 
@@ -68,8 +70,10 @@ class RolloutEngine:
         dormant: a trainer rank's engine in a split mesh (rlcore/modes/split.py), built only because vLLM's external
         launcher needs every rank of the world: random ("dummy") weights, never read from disk, and on CUDA
         put to sleep at once (level 2 frees its weights and KV cache). It never generates or syncs. On CPU it
-        keeps its KV cache: vLLM sizes the cache as the minimum over the world (uniproc_executor's
-        determine_available_memory), so a smaller one here would shrink the generating engines' too."""
+        keeps its KV cache. On both devices it is given the generating engines' KV budget: vLLM's external launcher
+        sizes the cache as the minimum over the world (uniproc_executor's determine_available_memory), so a smaller
+        one here would shrink theirs too; on CUDA the level-2 sleep frees it, and eager mode leaves no CUDA-graph
+        pool behind. Its lifecycle (rlcore/engine/lifecycle.py) is "dormant": any generate call raises."""
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
@@ -83,8 +87,11 @@ class RolloutEngine:
             torch._dynamo.config.disable = True
         dtype = cfg.model.mixed_precision if cfg.model.mixed_precision != "none" else cfg.model.dtype
         self.dtype = getattr(torch, dtype)  # what the engine computes in: the sync hands it tensors in this dtype
-        # Split mesh: a generating engine never makes room for training (its ranks do not train).
-        self.sleep_mode = self.cuda and (dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks)
+        # Split mesh: a generating engine never makes room for training (its ranks do not train). The lifecycle
+        # is walked on every device; vLLM's sleep mode (its own allocator) exists on CUDA only.
+        self.sleeps = dormant or cfg.rollout.sleep_while_training and not cfg.rollout.ranks
+        self.sleep_mode = self.cuda and self.sleeps
+        self.state = Lifecycle("dummy", kv=not self.cuda) if dormant else Lifecycle()
         # lora.sync=adapter: the engine serves the base plus the newest adapter version (None until the
         # first sync: B = 0 then, so the base alone is exactly the policy).
         self.lora = cfg.lora if models_of(cfg).engine_lora else None
@@ -106,7 +113,7 @@ class RolloutEngine:
             max_model_len=max_model_len,
             # Logprobs after temperature, so the trainer can recompute exactly the sampled distribution.
             logprobs_mode="processed_logprobs",
-            enforce_eager=not self.cuda,
+            enforce_eager=not self.cuda or dormant,  # a dormant engine keeps no CUDA-graph pool
             gpu_memory_utilization=cfg.rollout.gpu_memory_utilization,
             # An explicit KV-cache budget: the plan's on CUDA (without a plan, the utilisation fraction decides).
             kv_cache_memory_bytes=(int(kv_cache_bytes) if kv_cache_bytes else None) if self.cuda else
@@ -147,6 +154,7 @@ class RolloutEngine:
         max_tokens. temperature 0 is greedy (no logprobs are taken)."""
         from vllm import SamplingParams
 
+        self.state.require_ready("generate")
         count = len(prompts)
         ns = n if isinstance(n, list) else [n] * count
         caps = max_tokens if isinstance(max_tokens, list) else [max_tokens] * count
@@ -165,6 +173,7 @@ class RolloutEngine:
         """log p(seq[t] | seq[:t]) for t >= 1 of fixed sequences, as the engine scores them (temperature 1)."""
         from vllm import SamplingParams
 
+        self.state.require_ready("prompt_logprobs")
         outs = self._run(sequences, SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0))
         return [[pos[t].logprob for pos, t in zip(out.prompt_logprobs[1:], seq[1:])]
                 for out, seq in zip(outs, sequences)]
@@ -184,6 +193,7 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        self.state.require_ready("submit")
         extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
         if temperature == 0:
             params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
@@ -201,6 +211,7 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        self.state.require_ready("submit_probe")
         params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0)
         params.output_kind = RequestOutputKind.FINAL_ONLY
         eng = self.llm.llm_engine
@@ -209,6 +220,7 @@ class RolloutEngine:
     def step(self) -> list[tuple[str, Sample]]:
         """One engine step; the requests it finished, in the engine's order (the same on every rank), each
         token with the weight version that sampled it."""
+        self.state.require_ready("step")
         finished = []
         for out in self.llm.llm_engine.step():
             if out.finished:
@@ -231,10 +243,34 @@ class RolloutEngine:
             self.llm.llm_engine.abort_request(list(rids))
 
     def sleep(self) -> None:
-        """CUDA: drop weights and KV cache while the trainer needs the memory (no-op on CPU)."""
+        """Colocated: give the trainer the engine's memory until the next sync (rlcore/engine/lifecycle.py).
+        Level 2 discards the weights (a full sync reloads them all); the adapter sync never reloads the base, so
+        with LoRA adapters the weights go to host memory (level 1). CPU walks the same states and poisons what
+        level 2 discards."""
+        if not self.sleeps:
+            return
+        level = 1 if self.lora else 2
+        self.state.sleep(level)
         if self.sleep_mode:
-            # Level 2 discards the base weights; the adapter sync never reloads them, so keep them (level 1).
-            self.llm.sleep(level=1 if self.lora else 2)
+            self.llm.sleep(level=level)
+        elif level == 2:
+            self.llm.apply_model(poison_weights)
+
+    def wake(self, model: torch.nn.Module) -> SyncStats:
+        """After a step that changed nothing (the non-finite guard skipped it): back to generating with the
+        weights the engine had. Level 1 restores them from host memory; level 2 discarded them, so they are
+        reloaded from `model` (which still holds them)."""
+        if self.state.weights == "discarded":
+            return self.sync_weights(model)
+        if self.state.weights == "offloaded":
+            self._wake_all()
+        return SyncStats(0.0, 0, 0)
+
+    def _wake_all(self) -> None:
+        release_cached_memory()
+        if self.sleep_mode:
+            self.llm.wake_up()
+        self.state.wake()
 
     @watchdog.stage("sync")
     def sync_weights(self, model: torch.nn.Module, overlap: bool = True) -> SyncStats:
@@ -251,17 +287,24 @@ class RolloutEngine:
     def load(self, weights) -> None:
         """Reload the engine in place from an iterator of (checkpoint name, full tensor): the colocated sync's
         FSDP2 stream, or in a split mesh the tensors received from the trainers (rlcore/modes/split.py)."""
-        if self.sleep_mode:
-            self.llm.wake_up(tags=["weights"])
+        if self.state.weights == "discarded":
+            release_cached_memory()  # vLLM's allocator takes memory from the driver, not from torch's cache
+            if self.sleep_mode:
+                self.llm.wake_up(tags=["weights"])
+            self.state.wake_weights()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.state.loaded()
         if not self.cuda:
             self.llm.apply_model(redo_cpu_weight_processing)
         # Cached prefixes hold KV computed with the old weights: all of them go, so no prefix of one version is ever
         # served to a request of the next. Requests in flight (rlcore/modes/stream/) are preempted first: their KV is
         # dropped and recomputed under the new weights before their next token (vLLM raises if the reset fails).
         self.llm.reset_prefix_cache(reset_running_requests=True)
-        if self.sleep_mode:
-            self.llm.wake_up(tags=["kv_cache"])
+        if not self.state.kv:
+            release_cached_memory()  # the weights' unit buffers of the sync are garbage now
+            if self.sleep_mode:
+                self.llm.wake_up(tags=["kv_cache"])
+            self.state.wake_kv()
 
 
     def sync_adapter(self, model: torch.nn.Module) -> SyncStats:
@@ -270,8 +313,8 @@ class RolloutEngine:
         from vllm.lora.request import LoRARequest
 
         t0 = time.perf_counter()
-        if self.sleep_mode:
-            self.llm.wake_up()
+        if self.state.weights == "offloaded":
+            self._wake_all()
         tensors = lora.adapter_tensors(model, self.dtype)
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         previous = self.lora_request
@@ -304,6 +347,26 @@ def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else getattr(quant, "quant_method", "?")
         raise ValueError(f"{field} '{path}' is a quantized {archs[0]} ({method}): rlcore trains and syncs "
                          f"unquantized weights, which a quantized vLLM engine cannot take")
+
+
+def release_cached_memory() -> None:
+    """CUDA, before each wake-up: hand what torch's caching allocator holds (freed gradients, gathered units,
+    logits chunks) back to the driver, where vLLM's sleep-mode allocator takes its memory from. No-op on CPU."""
+    if torch.cuda.is_available():
+        gc.collect()  # reference cycles can hold tensors the cache cannot release
+        torch.cuda.empty_cache()
+
+
+def poison_weights(model: torch.nn.Module) -> None:
+    """CPU's level-2 sleep: the vocabulary embeddings filled with NaN, so every position's hidden state (and every
+    logprob) is NaN until a reload puts real weights back. (The packed copies of other layers' CPU kernels would
+    keep old values; the embedding lookup reads its parameter directly.)"""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, VocabParallelEmbedding):
+                module.weight.fill_(float("nan"))
 
 
 def redo_cpu_weight_processing(model: torch.nn.Module) -> None:

@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 2 tests/workers/sync_worker.py MODEL_DIR TP OUT_JSON [policy-first]
 
 Takes one real optimizer step that moves every weight, then scores fixed sequences with the engine
-before the sync (stale: must differ) and after it (must equal the trainer's logprobs). The trainer's
+before the sync (stale: must differ), asleep (refused; around the check, NaN on CPU) and after the sync (must
+equal the trainer's logprobs). The trainer's
 model is built after the engine, as rlcore.trainer does, or before it with `policy-first`.
 """
 import json
@@ -49,13 +50,28 @@ streams = [list(checkpoint_weights(policy, dtype=engine.dtype, overlap=o)) for o
 stream_mismatch = [a[0] for a, b in zip(*streams) if a[0] != b[0] or not torch.equal(a[1], b[1])]
 stream_mismatch += ["<count>"] if len(streams[0]) != len(streams[1]) else []
 del streams
-stats = engine.sync_weights(policy)  # overlapped (the default)
+# The colocated lifecycle (rlcore/engine/lifecycle.py): asleep at level 2 the engine refuses to score, and a path
+# around that check scores with poisoned (NaN) weights on CPU, as a GPU engine would with discarded ones.
+from rlcore.engine.lifecycle import EngineStateError
+engine.sleep()
+try:
+    engine.prompt_logprobs(seqs.tolist())
+    refused = ""
+except EngineStateError as e:
+    refused = str(e)
+check, engine.state.require_ready = engine.state.require_ready, lambda action: None
+asleep = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
+engine.state.require_ready = check
+stats = engine.sync_weights(policy)  # overlapped (the default); wakes the engine
 synced = torch.tensor(engine.prompt_logprobs(seqs.tolist()))
 unit_bytes = [sum(p.numel() * 4 for p in layer.parameters()) for layer in models.decoder_layers(policy)]
 result = {
     "unchanged_parameters": unchanged,
     "stale_max_diff": (stale - trainer).abs().max().item(),
     "synced_max_diff": (synced - trainer).abs().max().item(),
+    "asleep_refused": refused,
+    "asleep_finite": torch.isfinite(asleep).sum().item(),
+    "state_after_sync": engine.state.describe(),
     "overlap_stream_mismatch": stream_mismatch,
     "bytes": stats.bytes,
     "peak_bucket_bytes": stats.peak_bucket_bytes,
