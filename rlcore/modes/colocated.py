@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from rlcore.distributed.collectives import all_max, all_sum
 from rlcore.distributed.parallel import device_type
-from rlcore.engine import SyncStats
 from rlcore.outputs.metrics import peak_memory_gb, reset_peak_memory
 from rlcore.rollout.collect import collect
 from rlcore.train import logprobs, update
@@ -40,8 +39,10 @@ def train_step(run: Run, step: int) -> dict[str, float]:
     metrics |= advantage_metrics | update.update(run, batch, before_step=check)
     t_train = time.perf_counter() - t
 
-    # A step with nothing applied left the policy as the engine already holds it: no sync.
-    stats = run.engine.sync_weights(run.trainer.policy) if metrics["optim/steps_applied"] else SyncStats(0.0, 0, 0)
+    # A step with nothing applied left the policy as the engine held it: no new weights, but the engine still
+    # wakes (a level-2 sleep discarded its weights: they are reloaded as they were).
+    policy = run.trainer.policy
+    stats = run.engine.sync_weights(policy) if metrics["optim/steps_applied"] else run.engine.wake(policy)
     n, length, tokens_all = all_sum(len(batch), batch.loss_mask.sum().item(), batch.attention_mask.sum().item())
     metrics |= {
         "response/length_mean": length / n, "tokens/sequences": n, "tokens/batch": tokens_all,
