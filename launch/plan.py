@@ -7,9 +7,10 @@
     python launch/plan.py recipe=demo --nproc-per-node 2                    # no GPU: against host memory
     python launch/plan.py recipe=grpo --help                                # and every config key of the recipe
 
-No process group, no GPU and no weights: model shapes come from each config.json (a local folder or the
-hub cache); formulas in rlcore/preflight/plan.py. A split mesh (rollout.ranks=R > 0) has a rollout bar (ranks [0, R))
-and a trainer bar (the other ranks) instead. The same plan from the training entry point:
+No process group, no GPU and no weights: each model's sizes come from its class built on the meta device from
+its config.json (a local folder or the hub cache; rlcore/preflight/shapes.py); formulas in
+rlcore/preflight/plan.py. A split mesh (rollout.ranks=R > 0) has a rollout bar (ranks [0, R)) and a trainer bar
+(the other ranks) instead. The same plan from the training entry point:
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
 Exit codes: 0 the plan fits; 1 a bar does not fit (the last line names it and the levers); 2 bad input.
 """

@@ -15,7 +15,9 @@ Memory per GPU (30.5B parameters; FSDP2 over 8 ranks, no expert parallelism: rlc
                         2 x bf16) and vLLM's activations
 Why TP=4: TP=2 would put 30.5 GB of engine weights beside the trainer's 45.8 GB; TP=8 leaves one engine (half
 the generation parallelism) for a model with only 3.3B active parameters per token; 4 divides the 32 query
-heads and equals the 4 KV heads. tests/test_recipes.py checks this arithmetic from the model's config numbers.
+heads and equals the 4 KV heads. tests/test_recipes.py checks it with the launch plan of the model's config.json
+(python launch/plan.py recipe=grpo_moe --nproc-per-node 8 --gpu-memory-gb 80: both bars fit, 67.2 and 66.7 of
+72.0 usable GiB).
 """
 from rlcore.algorithms.grpo import GRPO
 from rlcore.config import (Config, DataConfig, ModelConfig, OptimConfig, RewardSpec, RolloutConfig,

@@ -1,13 +1,20 @@
-"""Every recipe loads and validates for the world it is written for, with no GPU and no network."""
+"""Every recipe loads and validates for the world it is written for, with no GPU and no network; every recipe
+that names a hub model fits one node of 8 x 80 GB by the launch plan of that model's real config.json
+(tests/hub_configs.py)."""
 import pytest
 
 from conftest import ROOT
+from hub_configs import QWEN25_1P5B_INSTRUCT, QWEN25_7B_INSTRUCT, REAL, hub_ids, model_dir
 from rlcore.config import validate
-from rlcore.config.cli import available_recipes, load_recipe
+from rlcore.config.cli import available_recipes, load_recipe, parse_argv
 from rlcore.distributed.parallel import ParallelDims
+from rlcore.preflight import plan
 
 # Qwen2.5-1.5B-Instruct's config.json: 12 attention heads, 2 key/value heads, 32768 positions.
-QWEN25_15B = {"heads": 12, "kv_heads": 2, "context": 32768}
+QWEN25_15B = {"heads": QWEN25_1P5B_INSTRUCT["num_attention_heads"],
+              "kv_heads": QWEN25_1P5B_INSTRUCT["num_key_value_heads"],
+              "context": QWEN25_1P5B_INSTRUCT["max_position_embeddings"]}
+GPU_RECIPES = ["grpo", "grpo_lora", "grpo_moe", "grpo_python_tool", "grpo_tools", "gspo_moe", "ppo", "reinforce_pp"]
 
 
 def test_grpo_recipe_is_valid_for_one_8_gpu_node():
@@ -23,65 +30,64 @@ def test_grpo_recipe_is_valid_for_one_8_gpu_node():
     assert cfg.rollout.prompts_per_step // 8 * cfg.rollout.group_size == 128
 
 
-# Qwen3-30B-A3B's config.json: a mixture of experts, 128 experts of which 8 are routed per token.
-QWEN3_30B_A3B = {"heads": 32, "kv_heads": 4, "head_dim": 128, "context": 40960, "layers": 48, "hidden": 2048,
-                 "experts": 128, "moe_intermediate": 768, "vocab": 151936, "tied": False}
-GPU_GB = 80  # an H100 / A100 80 GB node
+def test_the_gpu_recipes_are_those_that_name_hub_models():
+    named = {name for name in available_recipes(ROOT / "recipes") if hub_ids(load_recipe(name, ROOT / "recipes"))}
+    assert named == set(GPU_RECIPES)
 
 
-def parameter_count(c: dict) -> int:
-    attention = c["hidden"] * c["head_dim"] * (2 * c["heads"] + 2 * c["kv_heads"]) + 2 * c["head_dim"]
-    experts = c["experts"] * 3 * c["hidden"] * c["moe_intermediate"]
-    layer = attention + experts + c["hidden"] * c["experts"] + 2 * c["hidden"]  # + router, norms
-    return c["layers"] * layer + c["vocab"] * c["hidden"] * (1 if c["tied"] else 2) + c["hidden"]
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_gpu_recipe_fits_one_8_gpu_node_by_the_launch_plan(tmp_path, name):
+    """The launch plan (rlcore/preflight/plan.py) of the recipe with its models' real config.json, on 8 x 80 GB:
+    every bar fits, and the models have their published sizes."""
+    cfg = load_recipe(name, ROOT / "recipes")
+    keys = {"model.path": cfg.model.path, "critic.path": cfg.critic.path}
+    assert set(hub_ids(cfg)) <= set(keys.values())  # no reward model or teacher from the hub to point elsewhere
+    overrides = [f"{key}={model_dir(tmp_path, path)}" for key, path in keys.items() if path in REAL]
+    p = plan.build(parse_argv([f"recipe={name}", *overrides], ROOT / "recipes"), nproc_per_node=8, gpu_memory_gb=80)
+    assert p.fits, p.render()
+    assert p.models[0].role == "actor" and p.models[0].params == REAL[cfg.model.path][1]
 
 
-def test_grpo_moe_recipe_fits_one_8_gpu_node():
-    """recipe=grpo_moe: Qwen3-30B-A3B, FSDP2 over 8 GPUs (a decoder layer with its experts is one unit) and
-    two TP=4 engines; the memory arithmetic of its docstring, from the model's config numbers."""
-    cfg = load_recipe("grpo_moe", ROOT / "recipes")
-    c, tp, world = QWEN3_30B_A3B, cfg.rollout.tensor_parallel, 8
-    dims = ParallelDims(world_size=world, tp=tp)
-    dims.validate(c["heads"], c["kv_heads"])
+def part(bar, prefix):
+    return sum(b for name, b in bar.parts if name.startswith(prefix))
+
+
+def test_grpo_moe_recipe_fits_one_8_gpu_node(tmp_path):
+    """recipe=grpo_moe: Qwen3-30B-A3B, FSDP2 over 8 GPUs (a decoder layer with its experts is one unit) and two
+    TP=4 engines. The launch plan of its real config.json gives the numbers of the recipe's docstring."""
+    path = model_dir(tmp_path, "Qwen/Qwen3-30B-A3B")
+    cfg = parse_argv(["recipe=grpo_moe", f"model.path={path}"], ROOT / "recipes")
+    dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
     validate(cfg, dims)
-    assert cfg.model.path == "Qwen/Qwen3-30B-A3B" and tp == 4 and dims.rollout_groups == 2
+    assert load_recipe("grpo_moe", ROOT / "recipes").model.path == "Qwen/Qwen3-30B-A3B"
+    assert cfg.rollout.tensor_parallel == 4 and dims.rollout_groups == 2
     assert cfg.model.mixed_precision == "bfloat16" and cfg.model.activation_checkpointing
     assert not cfg.algorithm.needs_reference  # no KL term: no reference model to hold
-    assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens <= c["context"]
-    n = parameter_count(c)
-    assert 30.4e9 < n < 30.6e9  # the model card's 30.5B
-    gb = 1e9
-    at_rest = n * (4 + 8) / world / gb  # fp32 weights + AdamW moments, sharded
-    training = at_rest + n * 4 / world / gb + 2 * 2 * n / c["layers"] / gb  # + fp32 grads, 2 gathered layers
-    engine = cfg.rollout.gpu_memory_utilization * GPU_GB
-    engine_weights = 2 * n / tp / gb  # bf16, this rank's tensor-parallel slice
-    kv_per_token = c["layers"] * 2 * max(1, c["kv_heads"] // tp) * c["head_dim"] * 2 / gb
-    # The engine sleeps while training; >= 10 GB are left for activations (checkpointed, micro-batches of 2).
-    assert GPU_GB - training > 10
-    assert at_rest + engine < 0.9 * GPU_GB  # generating: trainer shards + the engine's whole budget
-    assert (engine - engine_weights) / kv_per_token > 100_000  # KV cache tokens per engine rank
-    # TP=2 would not fit beside the trainer: its engine weights alone exceed the engine's budget.
-    assert 2 * n / 2 / gb > engine
-
-
-# Qwen2.5-7B-Instruct's config.json (the shape only: written into a folder, no weights, no hub).
-QWEN25_7B = dict(model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-                 num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False,
-                 max_position_embeddings=32768, architectures=["Qwen2ForCausalLM"])
+    assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens <= REAL["Qwen/Qwen3-30B-A3B"][0][
+        "max_position_embeddings"]
+    p = plan.build(cfg, nproc_per_node=8, gpu_memory_gb=80)
+    assert p.fits, p.render()
+    n = p.models[0].params
+    assert [m.role for m in p.models] == ["actor"] and n == 30_532_122_624  # the model card's 30.5B
+    # At rest: fp32 weights and AdamW moments, 12 bytes a parameter over 8 ranks (15.3 + 30.5 GB, 1e9 bytes)
+    assert part(p.train, "actor params") + part(p.train, "actor AdamW") == 12 * n / 8
+    # The engine, 0.3 of the GPU: bf16 weights over TP 4 (15.3 GB) and a KV cache of 24 KiB a token
+    # (48 layers x 1 KV head x 128 x K and V x bf16) that holds 340,017 tokens
+    assert p.kv_per_token == 48 * 1 * 128 * 2 * 2 and p.kv_tokens > 300_000
+    # TP=2 would not fit: the engine's bf16 weights alone (30.5 GB) exceed its 0.3 x 80 GB budget
+    tp2 = plan.build(parse_argv(["recipe=grpo_moe", f"model.path={path}", "rollout.tensor_parallel=2"],
+                                ROOT / "recipes"), nproc_per_node=8, gpu_memory_gb=80)
+    assert not tp2.fits and tp2.generation.kv_short > 0
 
 
 def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimizer_state(tmp_path):
     """recipe=grpo_lora: Qwen2.5-7B, LoRA r=16 on every linear, adapter sync, 8 x 80 GB. The launch plan from
     the real 7B shape against hand arithmetic: no reference copy, AdamW over the adapters only."""
-    import json
-
-    from rlcore.config.cli import parse_argv
     from rlcore.models.lora import optim_config
-    from rlcore.preflight import plan
-    (tmp_path / "config.json").write_text(json.dumps(QWEN25_7B))
-    cfg = parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}"], ROOT / "recipes")
+    path = model_dir(tmp_path, "Qwen/Qwen2.5-7B-Instruct")
+    cfg = parse_argv(["recipe=grpo_lora", f"model.path={path}"], ROOT / "recipes")
     dims = ParallelDims(world_size=8, tp=cfg.rollout.tensor_parallel)
-    dims.validate(QWEN25_7B["num_attention_heads"], QWEN25_7B["num_key_value_heads"])
+    dims.validate(QWEN25_7B_INSTRUCT["num_attention_heads"], QWEN25_7B_INSTRUCT["num_key_value_heads"])
     validate(cfg, dims)
     assert load_recipe("grpo_lora", ROOT / "recipes").model.path == "Qwen/Qwen2.5-7B-Instruct"
     lo = cfg.lora
@@ -112,7 +118,7 @@ def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimi
     assert hand < 0.9 * 80 * 2**30 and p.train.total / 2**30 == pytest.approx(13.6, abs=0.05)
     assert p.sync_bytes == 2 * A  # a bf16 adapter, ~81 MB, instead of 2 * P = 15.2 GB
     # Full fine-tuning of the same recipe: a reference copy, full grads and AdamW, and a root gradient.
-    full = plan.build(parse_argv(["recipe=grpo_lora", f"model.path={tmp_path}", "lora=false"], ROOT / "recipes"),
+    full = plan.build(parse_argv(["recipe=grpo_lora", f"model.path={path}", "lora=false"], ROOT / "recipes"),
                       8, 1, 80)
     saved = (4 + 4 + 8) * P / 8 + (2 * (2 * V * h + h) + 4 * layer - 4 * A / L) - 16 * A / 8
     assert full.train.total - p.train.total == pytest.approx(saved)  # 17.0 GB a GPU
@@ -168,12 +174,6 @@ def test_tool_recipe_is_valid_and_its_calculator_answers():
     assert as_step(env.step("So the answer is\n#### 42", [])) == Step(None, 0.0, True) and env.stats.calls == 3
 
 
-# Qwen2.5-1.5B-Instruct's config.json (the shape only: written into a folder, no weights, no hub).
-QWEN25_15B_CONFIG = dict(model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, intermediate_size=8960, vocab_size=151936, tie_word_embeddings=True,
-                         max_position_embeddings=32768, architectures=["Qwen2ForCausalLM"])
-
-
 def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox(tmp_path):
     """recipe=grpo_python_tool: grpo_tools' node and model with the sandboxed python tool (rlcore.rollout.tools).
     Valid for 8 ranks and fits 8 x 80 GB by the launch plan of Qwen2.5-1.5B's shape; the prompt as startup renders
@@ -184,9 +184,7 @@ def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox
 
     import datasets
 
-    from rlcore.config.cli import parse_argv
     from rlcore.data import tokenize_prompts
-    from rlcore.preflight import plan
     from rlcore.rollout.env import Step, as_step
     from rlcore.sandbox import SandboxConfig, configure
     from rlcore.sandbox.pool import GRACE_S
@@ -206,8 +204,8 @@ def test_python_tool_recipe_fits_one_8_gpu_node_and_runs_its_tool_in_the_sandbox
     # the limits reach the sandbox from the command line too
     assert parse_argv(["recipe=grpo_python_tool", "sandbox.timeout_s=10"], ROOT / "recipes").sandbox.timeout_s == 10.0
 
-    (tmp_path / "config.json").write_text(json.dumps(QWEN25_15B_CONFIG))
-    p = plan.build(parse_argv(["recipe=grpo_python_tool", f"model.path={tmp_path}"], ROOT / "recipes"), 8, 1, 80)
+    path = model_dir(tmp_path, "Qwen/Qwen2.5-1.5B-Instruct")
+    p = plan.build(parse_argv(["recipe=grpo_python_tool", f"model.path={path}"], ROOT / "recipes"), 8, 1, 80)
     assert p.fits, p.error()
 
     tokenizer = build_chat_tokenizer()

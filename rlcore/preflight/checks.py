@@ -186,7 +186,7 @@ def check_plan(cfg: Config, world: int, nproc_per_node: int) -> tuple[plan.Plan 
     -> (the plan, or None when the model's shapes are outside its formulas; a line to print, or "")."""
     try:
         result = plan.build(cfg, nproc_per_node, max(1, world // nproc_per_node))
-    except (KeyError, TypeError, ZeroDivisionError) as e:  # a config.json the formulas do not cover
+    except (AttributeError, KeyError, TypeError, ZeroDivisionError) as e:  # a config.json outside the formulas
         return None, f"rlcore: plan: skipped, the model's config.json is outside its formulas ({describe(e)})"
     if result.fits:
         return result, ""

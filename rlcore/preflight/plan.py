@@ -3,17 +3,19 @@
     python launch/plan.py recipe=grpo --nproc-per-node 8 --gpu-memory-gb 80
     torchrun --nproc-per-node 8 launch/train.py recipe=grpo plan=true
 
-Arithmetic on each model's config.json (a local folder or the hub cache): no process group, no GPU, no
-weights. `build(cfg, nproc_per_node, nnodes, gpu_memory_gb) -> Plan` is the one call; `plan.fits`,
-`plan.levers` and `plan.error()` are what a launch-time check needs. Formulas, not a simulator.
+Arithmetic on each model's config.json (a local folder or the hub cache) and on its model class built on the
+meta device from it: no process group, no GPU, no weights. `build(cfg, nproc_per_node, nnodes, gpu_memory_gb)
+-> Plan` is the one call; `plan.fits`, `plan.levers` and `plan.error()` are what a launch-time check needs.
+Formulas, not a simulator.
 
 Notation: P parameters, W ranks (the world), S FSDP ranks (W; W - R in a split mesh), k rollout TP degree,
-L layers, h hidden, I MLP width, V vocab, n_q / n_kv attention / key-value heads, d head_dim, T tokens of a
-micro-batch = micro_batch_size * (max_prompt_tokens + (max_total_tokens or max_new_tokens)) (rows are
-padded to that). b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else
+L layers, V vocab, root and layer the parameters of the root FSDP unit and of the largest decoder layer, T
+tokens of a micro-batch = micro_batch_size * (max_prompt_tokens + (max_total_tokens or max_new_tokens)) (rows
+are padded to that). b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else
 b_m); the engine runs in b_c. GB = 2**30 bytes.
 
-Parameters P per role, KV and activation bytes per token: rlcore/preflight/shapes.py.
+P, root and layer per role (counted on the model built on the meta device), LoRA adapter parameters A, KV and
+activation bytes per token: rlcore/preflight/shapes.py.
 Train bar, bytes per GPU:
   trained model  params b_m*P/S + grads b_m*P/S + AdamW m and v 2*b_m*P/S (torch keeps them in the param
                  dtype: 16*P/S for float32)
@@ -21,9 +23,9 @@ Train bar, bytes per GPU:
   LoRA actor     base b_m*P/S (frozen) + adapters 4*A/S + their grads 4*A/S + AdamW 8*A/S (fp32); no
                  reference model (the reference is the actor with adapters off); gathered units hold no
                  root gradient (embedding and head are frozen) and one layer's adapter gradient 4*A/L
-  gathered       the largest trained model: b_c*(root + 2*layer) + b_c*root + 4*layer, where
-                 root = V*h (2*V*h untied) + h. The root unit stays gathered through forward and backward
-                 with its unsharded gradient; two decoder layers are in flight (prefetch); one layer's
+  gathered       the largest trained model: b_c*(root + 2*layer) + b_c*root + 4*layer. The root unit
+                 (embedding, final norm, head) stays gathered through forward and backward with its unsharded
+                 gradient; two decoder layers are in flight (prefetch); one layer's
                  unsharded gradient is reduced in fp32
   activations    T * the activation bytes per token (rlcore/preflight/shapes.py), with or without checkpointing
   logits         C * V * (b_c + 16), C = min(T, train.logprob_chunk_tokens) (T when 0): a chunk's logits in
@@ -67,7 +69,7 @@ from dataclasses import dataclass, field
 from rlcore.config import Config, validate
 from rlcore.config.roles import models_of
 from rlcore.distributed.parallel import ParallelDims
-from rlcore.preflight.shapes import Shapes, read_config
+from rlcore.preflight.shapes import Shapes, model_shapes
 
 GB = 2**30
 MARGIN = 0.10  # CUDA context, allocator fragmentation and NCCL buffers are not in the bars
@@ -87,7 +89,7 @@ class Model:
 
     @property
     def params(self) -> int:
-        return self.shapes.params(self.role)
+        return self.shapes.params
 
 
 @dataclass
@@ -208,7 +210,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     dims = ParallelDims(world, r.tensor_parallel, r.ranks)
     dims.validate()
     validate(cfg, dims)
-    actor = Shapes.from_config(read_config(m.path))
+    actor = model_shapes(m.path)
     dims.validate(actor.heads, actor.kv_heads)
     offload = m.offload_frozen and cuda
     lo = cfg.lora
@@ -217,11 +219,11 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     held = models_of(cfg)
     if held.critic:
         path = m.path if cfg.critic.path == "policy" else cfg.critic.path
-        models.append(Model("critic", path, Shapes.from_config(read_config(path, "critic.path")), trained=True))
+        models.append(Model("critic", path, model_shapes(path, "critic.path", "critic"), trained=True))
     if held.reference == "copy":  # LoRA: the actor with adapters off is the reference
         models.append(Model("reference", m.path, actor, trained=False, offloaded=offload))
-    models += [Model("reward", s.model, Shapes.from_config(read_config(s.model, f"rewards[{i}].model")),
-                     trained=False, offloaded=offload) for i, s in enumerate(cfg.rewards) if s.model]
+    models += [Model("reward", s.model, model_shapes(s.model, f"rewards[{i}].model", "reward"), trained=False,
+                     offloaded=offload) for i, s in enumerate(cfg.rewards) if s.model]
 
     b_m = DTYPE_BYTES[m.dtype]
     b_c = DTYPE_BYTES.get(m.mixed_precision, b_m)
@@ -251,11 +253,11 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     other = big.activation_bytes_per_token(not m.activation_checkpointing, b_c)
 
     kv_per_token = actor.kv_bytes_per_token(r.tensor_parallel, b_c)
-    weights = b_c * actor.params() / r.tensor_parallel
+    weights = b_c * actor.params / r.tensor_parallel
     if held.engine_lora:  # vLLM allocates one LoRA slot at max_lora_rank up front
         from rlcore.models.lora import engine_max_rank
         weights += b_c * actor.adapter_params(engine_max_rank(lo.rank), lo.targets) / r.tensor_parallel
-    sync = b_c * (adapters if held.engine_lora else actor.params())
+    sync = b_c * (adapters if held.engine_lora else actor.params)
     if cuda:
         budget = r.gpu_memory_utilization * memory
         kv = budget - weights - ENGINE_OVERHEAD_GB * GB
