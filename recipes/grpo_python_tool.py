@@ -45,7 +45,7 @@ def config() -> Config:
         # A turn's calls get env_timeout_s in all: several 5-s programs, and the sandbox's grace past each.
         rollout=RolloutConfig(tensor_parallel=2, group_size=8, prompts_per_step=128, max_new_tokens=512,
                               max_total_tokens=2048, env=PythonTool, env_timeout_s=60.0, env_workers=8,
-                              temperature=1.0, gpu_memory_utilization=0.4, logprob_diff_threshold=2.0),
+                              temperature=1.0, gpu_memory_utilization=0.4),
         sandbox=SandboxConfig(timeout_s=5.0, cpu_s=5.0, memory_mb=1024, max_output_bytes=1024, workers=8),
         optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
         train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25),

@@ -65,7 +65,7 @@ def config() -> Config:
                         eval_size=512, max_prompt_tokens=768),  # + the tools block of the system turn
         rollout=RolloutConfig(tensor_parallel=2, group_size=8, prompts_per_step=128, max_new_tokens=512,
                               max_total_tokens=1536, env=Calculator, env_timeout_s=10.0, temperature=1.0,
-                              gpu_memory_utilization=0.4, logprob_diff_threshold=2.0),
+                              gpu_memory_utilization=0.4),
         optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
         train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25),
         rewards=[RewardSpec(fn="rlcore.rewards:gsm8k", weight=1.0), RewardSpec(fn=tool_calls, weight=0.0),

@@ -48,7 +48,8 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.35  # fraction of GPU memory the engine may take (CUDA only)
     cpu_kv_cache_gb: float = 1.0  # KV-cache size per engine on CPU, GiB
     sleep_while_training: bool = True  # CUDA: free engine weights + KV cache during training
-    logprob_diff_threshold: float = 1e-3  # stop the run if max |vLLM - trainer| logprob exceeds this
+    logprob_diff_threshold: float = 1e-3  # fp32 engine: stop the run if max |vLLM - trainer| logprob exceeds this
+    logprob_diff_mean_threshold: float = 0.1  # bf16 engine: stop if the mean |vLLM - trainer| per token exceeds this
     eval_max_new_tokens: int = 0  # greedy eval response cap, tokens; 0 = max_new_tokens
     # Multi-turn (rlcore.rollout.env, rlcore.rollout.turns); with env="" a rollout is one model turn.
     env: Any = ""  # environment factory(row) -> env: a callable, "module:name" or "path/file.py:name"; "" = none

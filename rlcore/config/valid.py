@@ -45,6 +45,7 @@ VALID = {
     "rollout.temperature": (lambda v: 0 < v <= 2, "in (0, 2] (vLLM refuses more)"), "rollout.max_model_len": _at_least(0),
     "rollout.gpu_memory_utilization": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.cpu_kv_cache_gb": _above(0), "rollout.logprob_diff_threshold": _at_least(0),
+    "rollout.logprob_diff_mean_threshold": _at_least(0),
     "rollout.eval_max_new_tokens": _at_least(0), "rollout.max_turns": _at_least(0),
     "rollout.max_total_tokens": _at_least(0), "rollout.env_timeout_s": _above(0),
     "rollout.env_workers": _at_least(1), "rollout.env_weight": (math.isfinite, "a finite number"),

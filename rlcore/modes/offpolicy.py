@@ -35,6 +35,12 @@ def probe_logprobs(run: Run, probe: list[list[int]]) -> list[list[float]]:
     return [lp[i, :len(s) - 1].float().cpu().tolist() for i, s in enumerate(probe)]
 
 
+def probe_gaps(got: list[list[float]], expected: list[list[float]]) -> tuple[float, float]:
+    """(mean, max) of |engine - trainer| logprob over the probe's tokens (logprobs.drift_error judges them)."""
+    gaps = [abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e)]
+    return sum(gaps) / max(len(gaps), 1), max(gaps, default=0.0)
+
+
 def trainers_state(run: Run, messages: list[dict]) -> dict:
     """The loop state a checkpoint saves, the same on every rank: the counters of the first trainer rank
     (which writes trainer.pt) and rank 0's start-of-run eval."""

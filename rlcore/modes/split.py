@@ -41,10 +41,12 @@ import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import RunError, all_max, set_scope
-from rlcore.modes.offpolicy import PROBE_ROWS, my_slice, own_state, probe_logprobs, train_step, trainers_state
+from rlcore.modes.offpolicy import (PROBE_ROWS, my_slice, own_state, probe_gaps, probe_logprobs, train_step,
+                                   trainers_state)
 from rlcore.modes.transfer import Link, error_in, exchange, receive_weights, send_weights
 from rlcore.outputs.metrics import peak_memory_gb, reset_peak_memory
 from rlcore.rollout.collect import collect
+from rlcore.train.logprobs import drift_error
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -53,10 +55,9 @@ if TYPE_CHECKING:
 
 # ---- the probe's check on the rollout side ------------------------------------------------------------
 
-def probe_gap(run: Run, probe: list[list[int]], expected: list[list[float]]) -> float:
-    """Rollout ranks: the largest |engine - trainer| logprob over the probe's tokens."""
-    got = run.engine.prompt_logprobs(probe)
-    return max(abs(a - b) for g, e in zip(got, expected) for a, b in zip(g, e))
+def probe_gap(run: Run, probe: list[list[int]], expected: list[list[float]]) -> tuple[float, float]:
+    """Rollout ranks: the (mean, max) |engine - trainer| logprob over the probe's tokens."""
+    return probe_gaps(run.engine.prompt_logprobs(probe), expected)
 
 
 # ---- the rollout side -------------------------------------------------------------------------------------
@@ -122,16 +123,17 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
             header = receive_weights(run, link)
             if header.get("error"):
                 raise RunError(header["error"])
-            gap, error = probe_gap(run, probe, header["probe"]), None
+            (mean, gap), error = probe_gap(run, probe, header["probe"]), None
             sync_s, sync_gb = header["receive_s"], header["receive_bytes"] / 1e9
             metrics = ready.pop(t)[1] | header["metrics"] | {
-                "async/probe_logprob_diff_max": gap, "async/engine_version": run.engine.version,
+                "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean,
+                "async/engine_version": run.engine.version,
                 "time/sync_s": sync_s, "sync/gb": sync_gb, "throughput/sync_gb_s": sync_gb / max(sync_s, 1e-9)}
             metrics |= loop.plan_metrics()  # the rollout and trainer bars, beside each side's measured peak
-            if gap > cfg.rollout.logprob_diff_threshold:
-                error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
-                         f"{cfg.rollout.logprob_diff_threshold:g} after the transfer of version {t}: the engine "
-                         f"holds other weights than the trainers sent (transfer failed)")
+            drift = drift_error(cfg, mean, gap)
+            if drift:
+                error = (f"async/probe_{drift} after the transfer of version {t}: the engine holds other weights "
+                         f"than the trainers sent (transfer failed)")
             else:
                 loop.evaluate(t, metrics)
             metrics["time/wall_s"], last = time.perf_counter() - last, time.perf_counter()

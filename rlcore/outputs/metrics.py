@@ -15,6 +15,7 @@ from tqdm import tqdm
 STEP_KEYS = (
     "reward/mean", "reward/std", "response/length_mean", "policy/kl", "policy/entropy",
     "policy/clip_frac", "policy/grad_norm", "rollout/logprob_diff_mean", "rollout/logprob_diff_max",
+    "rollout/logprob_diff_p99",
     "time/generate_s", "time/rollout_s", "time/reward_s", "time/logprobs_s", "time/train_s", "time/sync_s",
     "time/step_s",
     "throughput/generate_tok_s", "throughput/sync_gb_s", "time/sync_share", "memory/peak_gb", "train/skipped_steps",

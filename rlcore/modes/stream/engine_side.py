@@ -17,11 +17,12 @@ import torch.distributed as dist
 
 from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error
-from rlcore.modes.offpolicy import PROBE_ROWS, own_state, trainers_state
+from rlcore.modes.offpolicy import PROBE_ROWS, own_state, probe_gaps, trainers_state
 from rlcore.modes.stream.agents import AgentTurns
 from rlcore.modes.stream.turns import Turns
 from rlcore.modes.transfer import Link, exchange, error_in, receive_weights
 from rlcore.rollout.collect import rollout_seed
+from rlcore.train.logprobs import drift_error
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -208,19 +209,19 @@ class Engine:
         while len(self.scores) < len(self.probe):
             self.step()
         got = [self.scores.pop(f"probe.{v}.{i}") for i in range(len(self.probe))]
-        gap = max(abs(a - b) for g, e in zip(got, header["probe"]) for a, b in zip(g, e))
+        mean, gap = probe_gaps(got, header["probe"])
         if self.run.dims.rollout_ranks > 1:  # the worst engine's (a collective over the rollout ranks, at load v)
-            gap = all_max(gap)
+            mean, gap = all_max(mean), all_max(gap)
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
-            "async/probe_logprob_diff_max": gap, "async/engine_version": v, "time/sync_s": header["receive_s"],
+            "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v, "time/sync_s": header["receive_s"],
             "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
         error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
-        if gap > run.cfg.rollout.logprob_diff_threshold:
-            error = (f"async/probe_logprob_diff_max={gap:.3g} exceeds rollout.logprob_diff_threshold="
-                     f"{run.cfg.rollout.logprob_diff_threshold:g} after the in-flight load of version {v}: the engine "
-                     f"holds other weights than the trainers sent (transfer failed)")
+        drift = drift_error(run.cfg, mean, gap)
+        if drift:
+            error = (f"async/probe_{drift} after the in-flight load of version {v}: the engine holds other weights "
+                     f"than the trainers sent (transfer failed)")
         if self.run.dims.rollout_ranks > 1:  # every engine and rank evaluates (a collective over them), or none
             error = first_error(error, self.link.rollout)
         if error is None:  # an eval step drained the engine (above): the eval's own generate calls find it empty
