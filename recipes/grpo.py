@@ -27,7 +27,9 @@ def config() -> Config:
         rollout=RolloutConfig(tensor_parallel=2, group_size=8, prompts_per_step=128, max_new_tokens=1024,
                               temperature=1.0, gpu_memory_utilization=0.4),
         optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
-        train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25),
+        train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25,
+                          # Packed: padding stripped, at most the tokens of 8 padded rows per micro-batch.
+                          max_tokens_per_micro_batch=8 * 1536, save_every=25),
         rewards=[RewardSpec(fn="rlcore.rewards:gsm8k", weight=1.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.28, kl_coef=0.001, loss_agg="token-mean"),
     )

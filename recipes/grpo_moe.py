@@ -39,7 +39,9 @@ def config() -> Config:
         rollout=RolloutConfig(tensor_parallel=4, group_size=8, prompts_per_step=64, max_new_tokens=1024,
                               temperature=1.0, gpu_memory_utilization=0.3),
         optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
-        train=TrainConfig(steps=300, epochs_per_step=1, mini_batches=4, micro_batch_size=2, eval_every=25),
+        train=TrainConfig(steps=300, epochs_per_step=1, mini_batches=4, micro_batch_size=2, eval_every=25,
+                          # Packed: padding stripped, at most the tokens of 2 padded rows per micro-batch.
+                          max_tokens_per_micro_batch=2 * 1536, save_every=50),
         rewards=[RewardSpec(fn="rlcore.rewards:gsm8k", weight=1.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.28, kl_coef=0.0, loss_agg="token-mean"),
     )

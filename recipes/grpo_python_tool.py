@@ -48,7 +48,9 @@ def config() -> Config:
                               temperature=1.0, gpu_memory_utilization=0.4),
         sandbox=SandboxConfig(timeout_s=5.0, cpu_s=5.0, memory_mb=1024, max_output_bytes=1024, workers=8),
         optim=OptimConfig(lr=1e-6, weight_decay=0.0, warmup_steps=10, schedule="constant", max_grad_norm=1.0),
-        train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25),
+        train=TrainConfig(steps=500, epochs_per_step=1, mini_batches=4, micro_batch_size=8, eval_every=25,
+                          # Packed: padding stripped, at most the tokens of 8 padded rows per micro-batch.
+                          max_tokens_per_micro_batch=8 * 2816, save_every=25),
         rewards=[RewardSpec(fn="rlcore.rewards:gsm8k", weight=1.0), RewardSpec(fn=tool_calls, weight=0.0),
                  RewardSpec(fn=bad_tool_calls, weight=0.0)],
         algorithm=GRPO(clip_low=0.2, clip_high=0.28, kl_coef=0.001, loss_agg="token-mean"),

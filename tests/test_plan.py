@@ -200,7 +200,7 @@ def test_split_7b_trainer_bars_hold_a_quarter_of_the_state_rollout_bars_none(tmp
     assert p.kv_bytes == colocated.kv_bytes and p.sync_bytes == colocated.sync_bytes == 2 * params
     text = p.render()
     assert "mesh: world 8, split (rollout.ranks=4): ranks 0-3 generate, 2 engine(s) x tp=2: [0,1] [2,3]" in text
-    assert "ranks 4-7 train, FSDP over them; their engines are dormant (dummy weights, asleep at level 2)" in text
+    assert "ranks 4-7 train, FSDP over them; their engines are dormant (dummy weights, eager, asleep at level 2)" in text
     assert "ROLLOUT bar per GPU, ranks 0-3: an engine" in text and "TRAINER bar per GPU, ranks 4-7: the models" in text
     assert "FSDP over 4 ranks" in text and "a step samples 512 per engine" in text  # 128 prompts / 2 engines x 8
 

@@ -1,6 +1,8 @@
 """Every recipe loads and validates for the world it is written for, with no GPU and no network; every recipe
 that names a hub model fits one node of 8 x 80 GB by the launch plan of that model's real config.json
 (tests/hub_configs.py)."""
+import re
+
 import pytest
 
 from conftest import ROOT
@@ -74,10 +76,31 @@ def test_grpo_moe_recipe_fits_one_8_gpu_node(tmp_path):
     # The engine, 0.3 of the GPU: bf16 weights over TP 4 (15.3 GB) and a KV cache of 24 KiB a token
     # (48 layers x 1 KV head x 128 x K and V x bf16) that holds 340,017 tokens
     assert p.kv_per_token == 48 * 1 * 128 * 2 * 2 and p.kv_tokens > 300_000
+    # Packed micro-batches of 2 x 1536 tokens (the bound of 2 padded rows), and a checkpoint every 50 steps:
+    # weights + AdamW, 366 GB, ~183 s at the assumed 2 GB/s, more than the 170 s a Slurm signal leaves: a warning.
+    assert p.micro_tokens == 2 * 1536 and cfg.train.save_every == 50
+    assert p.checkpoint_bytes == 12 * n and p.save_seconds == pytest.approx(12 * n / 2e9)
+    assert not p.save_fits_grace and "rlcore: warning: a checkpoint on preemption may not finish" in p.render()
     # TP=2 would not fit: the engine's bf16 weights alone (30.5 GB) exceed its 0.3 x 80 GB budget
     tp2 = plan.build(parse_argv(["recipe=grpo_moe", f"model.path={path}", "rollout.tensor_parallel=2"],
                                 ROOT / "recipes"), nproc_per_node=8, gpu_memory_gb=80)
     assert not tp2.fits and tp2.generation.kv_short > 0
+
+
+def test_gpu_recipes_pack_and_checkpoint(tmp_path):
+    """Every GPU recipe packs its micro-batches and checkpoints on a cadence; the 1.5B recipes' checkpoint (weights +
+    AdamW, 18.5 GB) writes in ~9 s, inside the grace of a Slurm signal (launch/slurm_node.sh's default, read here)."""
+    grace = re.search(r"RLCORE_SHUTDOWN_TIMEOUT:-(\d+)", (ROOT / "launch" / "slurm_node.sh").read_text())
+    assert int(grace.group(1)) == plan.SHUTDOWN_GRACE_S
+    for name in GPU_RECIPES:
+        cfg = load_recipe(name, ROOT / "recipes")
+        assert cfg.train.max_tokens_per_micro_batch >= cfg.data.max_prompt_tokens + (
+            cfg.rollout.max_total_tokens or cfg.rollout.max_new_tokens) and cfg.train.save_every > 0, name
+    cfg = parse_argv(["recipe=grpo", f"model.path={model_dir(tmp_path, 'Qwen/Qwen2.5-1.5B-Instruct')}"],
+                     ROOT / "recipes")
+    p = plan.build(cfg, nproc_per_node=8, gpu_memory_gb=80)
+    assert p.checkpoint_bytes == 12 * 1_543_714_304 and p.save_fits_grace
+    assert "CHECKPOINT every 25 steps and at the end: 18.5 GB (trained weights + AdamW), ~9 s" in p.render()
 
 
 def test_grpo_lora_recipe_fits_one_8_gpu_node_without_a_reference_or_base_optimizer_state(tmp_path):

@@ -33,6 +33,7 @@ from rlcore.engine.rollout_engine import check_architecture
 from rlcore.models import lora, build as models
 from rlcore.outputs import checkpoint
 from rlcore.preflight import plan
+from rlcore.preflight.plan_render import checkpoint_line
 from rlcore.rollout.envs import make_envs
 from rlcore.rollout.tools import declared_tools
 
@@ -189,7 +190,8 @@ def check_plan(cfg: Config, world: int, nproc_per_node: int) -> tuple[plan.Plan 
     except (AttributeError, KeyError, TypeError, ZeroDivisionError) as e:  # a config.json outside the formulas
         return None, f"rlcore: plan: skipped, the model's config.json is outside its formulas ({describe(e)})"
     if result.fits:
-        return result, ""
+        late = not result.save_fits_grace and os.environ.get("SLURM_JOB_ID")  # a preemption's save may be cut off
+        return result, f"rlcore: warning: {checkpoint_line(result).split(chr(10))[0]}" if late else ""
     line = f"the launch plan does not fit: {result.error()} (plan.strict=false runs it anyway)"
     if cfg.plan.strict:
         raise ValueError(line)

@@ -10,8 +10,8 @@ Formulas, not a simulator.
 
 Notation: P parameters, W ranks (the world), S FSDP ranks (W; W - R in a split mesh), k rollout TP degree,
 L layers, V vocab, root and layer the parameters of the root FSDP unit and of the largest decoder layer, T
-tokens of a micro-batch = micro_batch_size * (max_prompt_tokens + (max_total_tokens or max_new_tokens)) (rows
-are padded to that). b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else
+tokens of a micro-batch = micro_batch_size * seq, seq = max_prompt_tokens + (max_total_tokens or max_new_tokens)
+(rows are padded to that); packed (train.max_tokens_per_micro_batch > 0), T = max(max_tokens_per_micro_batch, seq). b_m bytes of model.dtype (master weights), b_c of the compute dtype (mixed_precision, else
 b_m); the engine runs in b_c. GB = 2**30 bytes.
 
 P, root and layer per role (counted on the model built on the meta device), LoRA adapter parameters A, KV and
@@ -76,6 +76,11 @@ MARGIN = 0.10  # CUDA context, allocator fragmentation and NCCL buffers are not 
 CPU_RUNTIME_GB = 1.0  # resident memory of a CPU rank before any model: imports 0.66 GB + vLLM's engine state
 ENGINE_OVERHEAD_GB = 2.0  # vLLM's profiled activation peak + CUDA graphs + context inside its budget (calibrate)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+# Checkpoints under Slurm: after the signal torchrun gives the ranks RLCORE_SHUTDOWN_TIMEOUT (launch/slurm_node.sh)
+# for the step in flight and a whole save. WRITE_GB_S is an assumption, not a measurement: what one node's client
+# of a parallel file system writes (Lustre / GPFS clients: 1-5 GB/s; a local NVMe ~3).
+SHUTDOWN_GRACE_S = 170
+WRITE_GB_S = 2.0
 
 
 @dataclass
@@ -133,11 +138,21 @@ class Plan:
     seq_len: int
     micro_tokens: int
     sync_bytes: int = 0  # bytes handed to each engine rank per weight sync
+    checkpoint_bytes: int = 0  # one checkpoint, all ranks together
     levers: dict[str, list[tuple[str, float, bool]]] = field(default_factory=dict)  # bar -> (lever, saved, fits)
 
     @property
     def kv_bytes(self) -> int:  # the KV cache each engine rank gets
         return self.kv_tokens * self.kv_per_token
+
+    @property
+    def save_seconds(self) -> float:
+        """A checkpoint's expected write time: its size over WRITE_GB_S per node (every node writes its shards)."""
+        return self.checkpoint_bytes / (WRITE_GB_S * 1e9 * self.nnodes)
+
+    @property
+    def save_fits_grace(self) -> bool:
+        return self.save_seconds <= SHUTDOWN_GRACE_S
 
     @property
     def world(self) -> int:
@@ -228,7 +243,7 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
     b_m = DTYPE_BYTES[m.dtype]
     b_c = DTYPE_BYTES.get(m.mixed_precision, b_m)
     seq = cfg.data.max_prompt_tokens + (r.max_total_tokens or r.max_new_tokens)
-    tokens = t.micro_batch_size * seq
+    tokens = max(t.max_tokens_per_micro_batch, seq) if t.max_tokens_per_micro_batch else t.micro_batch_size * seq
     # A CPU rank's own process: interpreter, torch, transformers and vLLM code and their state.
     runtime = [] if cuda else [("process runtime (python, torch, vLLM; measured)", CPU_RUNTIME_GB * GB)]
     resident, grads, shards = [], [], dims.trainers  # grads are freed after each optimizer step
@@ -286,15 +301,17 @@ def _build(cfg: Config, nproc: int, nnodes: int, device: str, memory: float) -> 
             ("weight transfer: its largest unit received", unit)], limit, kv_short=kv_short)
         send = b_c * (2 * actor.root + actor.layer)
         freed = sum(b for _, b in step)  # by the time rank R sends the weights
-        dormant = [("dormant engine, asleep (level 2: weights, KV cache freed)", 0.0)] if cuda else \
+        dormant = [("dormant engine, eager, asleep (level 2: weights, KV freed)", 0.0)] if cuda else \
             [(f"dormant {name}", b) for name, b in engine]
         train = Bar("trainer", runtime + resident + step + [
             (f"weight send (rank {r.ranks}): {send / GB:.2f} in flight after the step frees {freed / GB:.2f}",
              max(0.0, send - freed))] + dormant, limit)
         if not cuda:
             _share_host(generation, train, r.ranks, nproc, nnodes)
+    # A checkpoint holds each trained model's weights and AdamW moments (model.dtype; LoRA: fp32 adapters).
+    saved = sum(12 * x.adapters if x.adapters else 3 * b_m * x.params for x in models if x.trained)
     return Plan(cfg, nproc, nnodes, device, memory, models, train, generation, kv_per_token,
-                max(0, int(kv // kv_per_token)), seq, tokens, sync_bytes=sync)
+                max(0, int(kv // kv_per_token)), seq, tokens, sync_bytes=sync, checkpoint_bytes=saved)
 
 
 def _share_host(rollout: Bar, trainer: Bar, ranks: int, nproc: int, nnodes: int) -> None:

@@ -17,7 +17,7 @@ def render(plan) -> str:
     groups = " ".join("[" + ",".join(map(str, range(g * k, g * k + k))) + "]" for g in range(engines))
     lines = [f"rlcore plan: {cfg.name} on {plan.nnodes} node(s) x {plan.nproc_per_node} {unit}s; {where}"]
     if plan.split:
-        asleep = "asleep at level 2" if plan.device == "cuda" else "a KV cache, idle"
+        asleep = "eager, asleep at level 2" if plan.device == "cuda" else "a KV cache, idle"
         lines += [f"mesh: world {w}, split (rollout.ranks={R}): {span(plan, 0, R)} generate{'s' * (R == 1)}, "
                   f"{engines} engine(s) x tp={k}: {groups}",
                   f"      {span(plan, R, w)} train{'s' * (w - R == 1)}, FSDP over them; their engines are dormant "
@@ -49,6 +49,7 @@ def render(plan) -> str:
     where = (f"from rank {R} to the engines on {span(plan, 0, R)}, one FSDP2 unit at a time" if plan.split else
              "per engine rank before its TP cut")
     lines.append(f"SYNC per step: {plan.sync_bytes / GB:.4f} GB {where}, {what}")
+    lines.append(checkpoint_line(plan))
     per_engine = cfg.rollout.prompts_per_step // engines * cfg.rollout.group_size
     lines.append(f"KV cache: {plan.kv_per_token:,} B/token per TP rank; {plan.kv_tokens:,} tokens fit = "
                  f"{plan.kv_tokens // plan.seq_len:,} sequences of {plan.seq_len} tokens "
@@ -66,7 +67,9 @@ def bar_lines(plan, bar) -> list[str]:
         title += f", {span(plan, 0, R)}: an engine" if bar.name == "rollout" else \
             f", {span(plan, R, plan.world)}: the models"
     if bar.name in ("train", "trainer"):
-        title += f" (micro-batch {cfg.train.micro_batch_size} x {plan.seq_len} = {plan.micro_tokens} tokens)"
+        packed = cfg.train.max_tokens_per_micro_batch
+        title += (f" (packed micro-batches of {plan.micro_tokens} tokens)" if packed else
+                  f" (micro-batch {cfg.train.micro_batch_size} x {plan.seq_len} = {plan.micro_tokens} tokens)")
     lines = [title] + [f"  {name:<58} {b / GB:8.2f} GB" for name, b in bar.parts]
     total = "total" + (f" x {bar.ranks_sharing} ranks" if bar.ranks_sharing > 1 else "")
     others, _ = bar.neighbours
@@ -83,3 +86,18 @@ def span(plan, first: int, end: int) -> str:
         a, b = first // plan.nproc_per_node, (end - 1) // plan.nproc_per_node
         text += f" (node {a})" if a == b else f" (nodes {a}-{b})"
     return text
+
+
+def checkpoint_line(plan) -> str:
+    """A checkpoint's size and expected write time against the grace a preemption signal leaves (plan.py)."""
+    from rlcore.preflight.plan import SHUTDOWN_GRACE_S, WRITE_GB_S
+    t = plan.cfg.train
+    every = f"every {t.save_every} steps and at the end" if t.save_every else "at the end only (train.save_every=0)"
+    line = (f"CHECKPOINT {every}: {plan.checkpoint_bytes / 1e9:.1f} GB (trained weights + AdamW), ~"
+            f"{plan.save_seconds:.0f} s at an assumed {WRITE_GB_S:g} GB/s per node; a signal leaves "
+            f"{SHUTDOWN_GRACE_S} s (launch/slurm_node.sh) for the step in flight and the save")
+    if not plan.save_fits_grace:
+        line += (f"\nrlcore: warning: a checkpoint on preemption may not finish inside the grace: raise "
+                 f"RLCORE_SHUTDOWN_TIMEOUT and --signal's lead in launch/slurm.sbatch, or rely on train.save_every "
+                 f"(a preempted run resumes from the last periodic checkpoint)")
+    return line
