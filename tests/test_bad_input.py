@@ -163,9 +163,13 @@ def test_bad_values(entry, tmp_path, override, says):
     (["algorithm.tis_cap=5", "algorithm.tis_mode=mask", "algorithm.tis_low=-1"], "algorithm.tis_low must be >= 0"),
     (["algorithm.tis_cap=0.5"], "algorithm.tis_cap must be 0 (off) or >= 1 (got 0.5)"),
     (["algorithm.tis_level=batch"], "algorithm.tis_level must be one of token, sequence, geometric (got 'batch')"),
+    (["rollout.seeds=global"], "rollout.seeds must be one of request, engine (got 'global')"),
+    (["rollout.seeds=engine", "rollout.schedule=continuous"], "rollout.seeds=engine draws a sample's noise from "
+                                                               "whatever the engine runs beside it"),
 ])
 def test_bad_mismatch_corrections(entry, tmp_path, overrides, says):
-    """The mismatch corrections (rlcore.algorithms.corrections) are options of every algorithm's loss: GRPO's here."""
+    """The mismatch corrections (rlcore.algorithms.corrections) are options of every algorithm's loss: GRPO's here;
+    then settings refused in combination (rollout.seeds)."""
     proc = entry.train("recipe=demo", *overrides, f"output_dir={tmp_path}/runs")
     assert says in rejected(proc, tmp_path / "runs")
 

@@ -53,6 +53,10 @@ def validate(cfg: Config, dims) -> None:
                          f"loss needs the off-policy correction, algorithm.tis_cap > 0 (e.g. 2)")
     if dims.split and models_of(cfg).engine_lora:
         raise ValueError("rollout.ranks > 0 (split mesh) sends full weights to the engines: set lora.sync=merged")
+    if r.seeds == "engine" and (r.schedule != "lockstep" or r.stream or r.agent):
+        raise ValueError("rollout.seeds=engine draws a sample's noise from whatever the engine runs beside it, so "
+                         "with rollout.schedule=continuous, rollout.stream or rollout.agent a run could not reproduce "
+                         "itself; valid there: rollout.seeds=request")
     if r.stream:
         check_stream(cfg, dims)
     elif r.free_loads:

@@ -51,6 +51,10 @@ class RolloutConfig:
     logprob_diff_threshold: float = 1e-3  # fp32 engine: stop the run if max |vLLM - trainer| logprob exceeds this
     logprob_diff_mean_threshold: float = 0.1  # bf16 engine: stop if the mean |vLLM - trainer| per token exceeds this
     eval_max_new_tokens: int = 0  # greedy eval response cap, tokens; 0 = max_new_tokens
+    # request: every request its own seed, so a sample is the same whatever runs beside it (another mesh, a resume,
+    # any schedule); engine: the engine's generator, reseeded per lockstep call (vLLM's batched sampler; the same
+    # run on the same mesh reproduces itself). benchmarks/sampler.py measures the difference.
+    seeds: str = "request"
     # Multi-turn (rlcore.rollout.env, rlcore.rollout.turns); with env="" a rollout is one model turn.
     env: Any = ""  # environment factory(row) -> env: a callable, "module:name" or "path/file.py:name"; "" = none
     max_turns: int = 0  # model turns per trajectory at most; 0 = the environment's own max_turns

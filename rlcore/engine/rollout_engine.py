@@ -97,6 +97,7 @@ class RolloutEngine:
         self.lora = cfg.lora if models_of(cfg).engine_lora else None
         self.lora_request = None
         self.model_path = cfg.model.path
+        self.engine_seeds = cfg.rollout.seeds == "engine"
         lora_args = {}
         if self.lora:
             lora_args = {"enable_lora": True, "max_lora_rank": lora.engine_max_rank(cfg.lora.rank), "max_loras": 1}
@@ -151,7 +152,9 @@ class RolloutEngine:
                  ) -> list[list[Sample]]:
         """n samples per prompt (an int for all, or one per prompt); sample j of a prompt with seed s is drawn
         with seed s + j (vLLM). A sample ends at EOS, at a stop token (both kept in its tokens) or at
-        max_tokens. temperature 0 is greedy (no logprobs are taken)."""
+        max_tokens. temperature 0 is greedy (no logprobs are taken). With rollout.seeds=engine the requests carry
+        no seed: the engine's generator is reseeded from the first seed for this call (and the caller's RNG state
+        restored after), so the call's samples depend on all its prompts together."""
         from vllm import SamplingParams
 
         self.state.require_ready("generate")
@@ -163,8 +166,15 @@ class RolloutEngine:
             params = [SamplingParams(n=k, temperature=0.0, max_tokens=cap, **extra) for k, cap in zip(ns, caps)]
         else:
             params = [SamplingParams(n=k, temperature=temperature, top_p=1.0, top_k=0, max_tokens=cap, logprobs=0,
-                                     seed=s, **extra) for k, cap, s in zip(ns, caps, seeds)]
-        outs = self._run(prompts, params)
+                                     seed=None if self.engine_seeds else s, **extra)
+                      for k, cap, s in zip(ns, caps, seeds)]
+        if self.engine_seeds and temperature != 0:
+            devices = [torch.cuda.current_device()] if self.cuda else []
+            with torch.random.fork_rng(devices=devices):  # the trainer's RNG streams are left as they were
+                torch.manual_seed(seeds[0] if seeds and seeds[0] is not None else 0)
+                outs = self._run(prompts, params)
+        else:
+            outs = self._run(prompts, params)
         return [[Sample(list(c.token_ids),
                         [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else [],
                         c.finish_reason or "") for c in out.outputs] for out in outs]

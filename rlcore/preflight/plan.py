@@ -145,6 +145,9 @@ class Plan:
     def kv_bytes(self) -> int:  # the KV cache each engine rank gets
         return self.kv_tokens * self.kv_per_token
 
+    grace_s = SHUTDOWN_GRACE_S  # (class constants, so plan_render.py reads them from the plan)
+    write_gb_s = WRITE_GB_S
+
     @property
     def save_seconds(self) -> float:
         """A checkpoint's expected write time: its size over WRITE_GB_S per node (every node writes its shards)."""

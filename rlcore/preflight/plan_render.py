@@ -90,12 +90,11 @@ def span(plan, first: int, end: int) -> str:
 
 def checkpoint_line(plan) -> str:
     """A checkpoint's size and expected write time against the grace a preemption signal leaves (plan.py)."""
-    from rlcore.preflight.plan import SHUTDOWN_GRACE_S, WRITE_GB_S
     t = plan.cfg.train
     every = f"every {t.save_every} steps and at the end" if t.save_every else "at the end only (train.save_every=0)"
     line = (f"CHECKPOINT {every}: {plan.checkpoint_bytes / 1e9:.1f} GB (trained weights + AdamW), ~"
-            f"{plan.save_seconds:.0f} s at an assumed {WRITE_GB_S:g} GB/s per node; a signal leaves "
-            f"{SHUTDOWN_GRACE_S} s (launch/slurm_node.sh) for the step in flight and the save")
+            f"{plan.save_seconds:.0f} s at an assumed {plan.write_gb_s:g} GB/s per node; a signal leaves "
+            f"{plan.grace_s} s (launch/slurm_node.sh) for the step in flight and the save")
     if not plan.save_fits_grace:
         line += (f"\nrlcore: warning: a checkpoint on preemption may not finish inside the grace: raise "
                  f"RLCORE_SHUTDOWN_TIMEOUT and --signal's lead in launch/slurm.sbatch, or rely on train.save_every "
