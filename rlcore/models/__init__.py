@@ -1,2 +1,2 @@
-"""The four models (actor, critic, reference, reward): loaded, sharded with FSDP2, their forwards (build.py, with
-the LM head's fused logprobs in head_logprobs.py), LoRA (lora.py) and their weights in checkpoint format (weights.py)."""
+"""The four models (actor, critic, reference, reward): loaded (build.py; each rank its shards only: load.py),
+sharded with FSDP2, their forwards (head_logprobs.py: the fused LM head), LoRA (lora.py), weights as saved (weights.py)."""

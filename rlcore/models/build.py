@@ -6,7 +6,9 @@
     reward model    frozen     a sequence classifier, 1 label      load_reward_model
 
 Model code holds no parallelism: each loader returns a plain transformers model and `shard` applies FSDP2
-from outside, one `fully_shard` per decoder layer plus the root, the same for all four.
+from outside, one `fully_shard` per decoder layer plus the root, the same for all four. With meta=True a loader
+returns the model on the meta device instead, and `shard` fills it: each rank reads only its shards of the
+checkpoint (rlcore/models/load.py), so a node holds one copy of the model, not one per rank.
 
 Why one file of ~350 lines: the four models' loading, sharding and forwards share one set of FSDP2 and dtype
 rules, written once.
@@ -26,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from rlcore.config import CriticConfig, ModelConfig, OptimConfig
-from rlcore.models import head_logprobs
+from rlcore.models import head_logprobs, load
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -142,14 +144,14 @@ def own_class(auto_class, config):
     return getattr(module, shared.__name__)
 
 
-def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
+def load_causal_lm(cfg: ModelConfig, trainable: bool = True, meta: bool = False) -> torch.nn.Module:
+    """meta=True (all four loaders): on the meta device, for `shard` to fill (LoRA may be applied between)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     model_class = own_class(AutoModelForCausalLM, AutoConfig.from_pretrained(cfg.path))
-    model = model_class.from_pretrained(cfg.path, dtype=DTYPES[cfg.dtype],
-                                        attn_implementation=cfg.attn_implementation)
+    model = _pretrained(model_class, cfg.path, cfg, meta)
     if trainable and cfg.activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -158,12 +160,20 @@ def load_causal_lm(cfg: ModelConfig, trainable: bool = True) -> torch.nn.Module:
     return model
 
 
+def _pretrained(model_class, path: str, cfg: ModelConfig, meta: bool, config=None, new: tuple[str, ...] = ()):
+    """from_pretrained, or with `meta` the same model on the meta device (whole when the checkpoint does not
+    allow it: rlcore.models.load.on_meta). `new`: modules the checkpoint lacks; the caller sets them."""
+    kwargs = dict(dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation)
+    model = load.on_meta(model_class, path, config, real=new, **kwargs) if meta else None
+    return model if model is not None else model_class.from_pretrained(path, config=config, **kwargs)
+
+
 def reference_config(model: ModelConfig, teacher: str) -> ModelConfig:
     """The frozen reference model's settings: the policy's, or its path swapped for a distillation teacher's."""
     return dataclasses.replace(model, path=teacher) if teacher else model
 
 
-def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
+def load_critic(critic: CriticConfig, cfg: ModelConfig, meta: bool = False) -> torch.nn.Module:
     """A value head (one output per token) on the policy's backbone, or on the backbone of `critic.path`.
     From a causal LM the head is new: it starts at zero, so V = 0 everywhere before the first update."""
     from transformers import AutoConfig, AutoModelForTokenClassification
@@ -172,13 +182,13 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
     path = cfg.path if critic.path == "policy" else critic.path
     config = AutoConfig.from_pretrained(path, num_labels=1)
     config.classifier_dropout = 0.0  # dropout would make V differ between the rollout pass and the update
+    new_head = critic.path == "policy" or "ForTokenClassification" not in str(config.architectures)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the LM head is dropped and the value head is new: expected
     model_class = own_class(AutoModelForTokenClassification, config)
-    model = model_class.from_pretrained(path, config=config, dtype=DTYPES[cfg.dtype],
-                                        attn_implementation=cfg.attn_implementation)
+    model = _pretrained(model_class, path, cfg, meta, config=config, new=("score",) if new_head else ())
     hf_logging.set_verbosity(verbosity)
-    if critic.path == "policy" or "ForTokenClassification" not in str(model.config.architectures):
+    if new_head:
         torch.nn.init.zeros_(model.score.weight)
         if model.score.bias is not None:
             torch.nn.init.zeros_(model.score.bias)
@@ -188,11 +198,11 @@ def load_critic(critic: CriticConfig, cfg: ModelConfig) -> torch.nn.Module:
     return model.train()
 
 
-def load_reward_model(path: str, cfg: ModelConfig) -> torch.nn.Module:
+def load_reward_model(path: str, cfg: ModelConfig, meta: bool = False) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     model_class = own_class(AutoModelForSequenceClassification, AutoConfig.from_pretrained(path))
-    model = model_class.from_pretrained(path, dtype=DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation)
+    model = _pretrained(model_class, path, cfg, meta)
     model.config.use_cache = False
     return model.eval().requires_grad_(False)
 
@@ -222,6 +232,8 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh, cfg: ModelConfig, frozen: bo
     for layer in decoder_layers(model):
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
+    if load.pending(model):  # built on the meta device (meta=True): each rank reads its own shards now
+        load.fill(model, mesh.device_type, offload="offload_policy" in kwargs)
     # Losses are already divided by a global token count (rlcore.algorithms.objectives.aggregate): reduce
     # gradients as a SUM over ranks, not FSDP's default mean. Plain SUM collectives (gloo has no
     # pre-multiplied sum).

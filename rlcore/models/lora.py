@@ -53,6 +53,8 @@ class LoRALinear(torch.nn.Linear):
         if self.bias is not None:
             self.bias.requires_grad_(False)
         device = base.weight.device
+        if device.type == "meta":  # a base to be read from its checkpoint later (rlcore/models/load.py): the
+            device = torch.device("cpu")  # adapters are not in it, so they are real now and keep these values
         self.lora_A = torch.nn.Linear(self.in_features, rank, bias=False, device=device, dtype=dtype)
         self.lora_B = torch.nn.Linear(rank, self.out_features, bias=False, device=device, dtype=dtype)
         # PEFT's init: A as nn.Linear's default (Kaiming-uniform, a=sqrt(5)), B = 0, so B A = 0 at the start.
