@@ -75,23 +75,24 @@ def setup(cfg: Config) -> Run:
         for line in layout(cfg, dims, held, 0) + resume_notes:
             logger.print(line)
         return Run(**common, logger=logger, rollout=rollout, trainer=None)
-    # LoRA: adapters go in before fully_shard; the optimizer holds them only, at lora.lr_scale x optim.lr.
-    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model), cfg.lora, cfg.seed), fsdp_mesh, cfg.model)
+    # Each model is built on the meta device and sharded, then each rank reads only its shards' rows (meta=True:
+    # rlcore/models/load.py). LoRA: adapters go in before fully_shard; the optimizer holds them only.
+    policy = models.shard(lora.apply(models.load_causal_lm(cfg.model, meta=True), cfg.lora, cfg.seed), fsdp_mesh,
+                          cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, lora.optim_config(cfg.lora, cfg.optim),
                                                   total_optimizer_steps(cfg))
     trainer = Trainer(policy, optimizer, scheduler, group=fsdp_mesh.get_group() if dims.split else None)
     # With LoRA the reference is the policy with its adapters off (lora.adapters_off): no copy is built.
     if held.reference == "copy":  # the policy's starting weights, or a distillation teacher
         reference = models.reference_config(cfg.model, cfg.algorithm.teacher)
-        trainer.reference = models.shard(models.load_causal_lm(reference, trainable=False), fsdp_mesh, cfg.model,
-                                         frozen=True)
+        frozen = models.load_causal_lm(reference, trainable=False, meta=True)
+        trainer.reference = models.shard(frozen, fsdp_mesh, cfg.model, frozen=True)
     if held.critic:
-        trainer.critic = models.shard(models.load_critic(cfg.critic, cfg.model), fsdp_mesh, cfg.model)
+        trainer.critic = models.shard(models.load_critic(cfg.critic, cfg.model, meta=True), fsdp_mesh, cfg.model)
         trainer.critic_optimizer, trainer.critic_scheduler = models.build_optimizer(
             trainer.critic, cfg.critic.optim, total_optimizer_steps(cfg))
-    reward_models = [(rewards.RewardModel(spec.model, models.shard(models.load_reward_model(spec.model, cfg.model),
-                                                           fsdp_mesh, cfg.model, frozen=True),
-                                  load_tokenizer(spec.model)), spec.weight)
+    reward_models = [(rewards.RewardModel(spec.model, models.shard(models.load_reward_model(
+        spec.model, cfg.model, meta=True), fsdp_mesh, cfg.model, frozen=True), load_tokenizer(spec.model)), spec.weight)
                      for spec in cfg.rewards if spec.model]
     if rollout is not None:  # colocated: the reward stage scores with models sharded over every rank
         rollout.reward_models = reward_models
