@@ -142,7 +142,7 @@ def run_config(path: Path, s: Settings) -> Config:
 
 def build_run(cfg: Config, mesh) -> SimpleNamespace:
     """What the stages read of a Run: the config and the trainer (the policy sharded as rlcore.trainer.setup does)."""
-    policy = models.shard(models.load_causal_lm(cfg.model), mesh, cfg.model)
+    policy = models.shard(models.load_causal_lm(cfg.model, meta=True), mesh, cfg.model)
     optimizer, scheduler = models.build_optimizer(policy, cfg.optim, total_steps=100)
     return SimpleNamespace(cfg=cfg, trainer=Trainer(policy, optimizer, scheduler))
 
