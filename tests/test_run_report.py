@@ -3,6 +3,7 @@ next to the plan, the summary of a finished run, the wandb mirror and the log-fi
 demo's own run: tests/test_train.py.)"""
 import pytest
 
+import hub_configs
 from conftest import rank_exit_codes, train_cmd
 from test_plan import SHAPE_72B, model_dir
 
@@ -29,6 +30,20 @@ def test_launch_check_stops_a_run_that_does_not_fit_before_any_engine(tmp_path):
                       f"output_dir={tmp_path}/runs", timeout=300)
     assert rank_exit_codes(loose) == {2}
     assert "has no weights" in loose.stderr and "the launch plan does not fit" not in loose.stderr
+
+
+def test_launch_check_stops_a_mixture_of_experts_that_does_not_fit(tmp_path):
+    """Qwen3-30B-A3B (config.json only): its 30.5B parameters with all their experts overflow two CPU ranks' host;
+    one line names the bar, exit 2, no engine, no run folder."""
+    moe = hub_configs.model_dir(tmp_path, "Qwen/Qwen3-30B-A3B")
+    proc = train_cmd("recipe=demo", "prepare=", f"model.path={moe}", f"output_dir={tmp_path}/runs", timeout=300)
+    assert rank_exit_codes(proc) == {2}, proc.stderr[-3000:]
+    [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
+    assert line.startswith("rlcore: error: the launch plan does not fit: the TRAIN bar needs "), line
+    # fp32 weights, grads and AdamW alone are 16 bytes x 30.5B (455 GiB) on the host the two ranks share (the
+    # engines' weights come on top); a plan that missed the experts would count a tenth of it
+    assert float(line.split("the TRAIN bar needs ")[1].split(" GB")[0]) > 16 * 30_532_122_624 / 2**30
+    assert "cpu_worker" not in proc.stdout + proc.stderr and not (tmp_path / "runs").exists()
 
 
 STOPS_AT_STEP_2 = '''
