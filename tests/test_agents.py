@@ -52,6 +52,9 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
                 assert len(start) == 1 and sampled == [1] * t1 + [0] * (len(sampled) - t1 - t2) + [1] * t2
                 assert len(sampled) - t1 - t2 > 6  # the rewritten prompt, rendered afresh
     assert a["failed"] + b["failed"] == 14 and a["rewritten"] + b["rewritten"] == 8  # 15 prompts x 2: 7 + 7 failed
+    # An agent whose library keeps one HTTP client per process works in every rollout: all run on one event loop
+    # (each rollout on a loop of its own failed the second with "RuntimeError: Event loop is closed").
+    assert a["library"] == b["library"] == [[0, ""], [0, ""]]
     rewards = a["rewards"]
     assert all(rewards[i] in (0.0, 1.0) for i in range(0, 30, 4)) and [rewards[i] for i in range(1, 30, 4)] == [0.5] * 8
 

@@ -210,9 +210,27 @@ def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int, tur
     return [out[i] for i in range(len(calls))]
 
 
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def run_loop() -> asyncio.AbstractEventLoop:
+    """The rank's one event loop for coroutine calls (agents, async environments), in a daemon thread, for the
+    whole run. What an agent or its library keeps between calls (an async HTTP client and its connection pool,
+    LangChain's per-process client among them) is bound to the loop it was made on, so every rollout's calls run
+    on this loop, which is never closed. (A call that blocks the loop for good, a synchronous sleep in an agent,
+    holds up every later call too: they time out, rollout.env_timeout_s, and the trajectories fail.)"""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            _LOOP = asyncio.new_event_loop()
+            threading.Thread(target=_LOOP.run_forever, name="rlcore-env-async", daemon=True).start()
+        return _LOOP
+
+
 class EnvRunner:
     """This rank's environment calls off the main thread: plain functions on `workers` daemon threads, coroutine
-    functions on one asyncio loop in a background thread, at most `workers` of each running at once.
+    functions on the rank's one event loop (`run_loop`), at most `workers` of each running at once.
 
         runner.submit(3, env.step, "7?", [18]); ...; runner.finished(timeout_s=60) -> {3: Outcome(value=...)}
 
@@ -266,14 +284,8 @@ class EnvRunner:
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self.loop is None:
-            self.loop = asyncio.new_event_loop()
-            threading.Thread(target=self._serve, args=(self.loop,), name="rlcore-env-async", daemon=True).start()
+            self.loop = run_loop()
         return self.loop
-
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop) -> None:
-        loop.run_forever()
-        loop.close()  # after close(): calls still pending were abandoned (timed out or cut by a budget)
 
     def finished(self, timeout_s: float) -> dict[int, Outcome]:
         """Calls that returned, raised, or ran past `timeout_s` (abandoned: a thread cannot be stopped)."""
@@ -308,5 +320,6 @@ class EnvRunner:
     def close(self) -> None:
         for _ in range(self.threads):  # each idle thread takes one and ends; a stuck one ends with the process
             self.jobs.put(None)
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.loop.stop)
+        for future, _ in self.calls.values():  # calls still pending were abandoned: their coroutines are cancelled
+            future.cancel()  # (the loop itself stays, for the next rollout's calls)
+        self.calls.clear()

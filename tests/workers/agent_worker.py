@@ -6,7 +6,8 @@ One rollout of 16 prompts x 2 samples on the tool task's warm start (rlcore.task
 the agents of the trajectories it owns, with a random (unseeded, so different on each rank) pause before every
 call. The agents differ by trajectory: i % 4 == 0 the recipe's tool agent, 1 the same after rewriting its
 history (the second call drops the first), 2 one that raises after its first call, 3 one that asks for
-temperature 0.3 (refused). Each rank records every engine call it makes; rank 0 writes what every rank saw, with
+temperature 0.3 (refused). Then two rollouts of an agent that keeps one HTTP client per process, as LangChain does.
+Each rank records every engine call it makes; rank 0 writes what every rank saw, with
 each rank's largest |engine - trainer| logprob over its trajectories' model tokens.
 """
 import asyncio
@@ -15,6 +16,8 @@ import json
 import random
 import sys
 
+import httpx
+import openai
 import torch
 import torch.distributed as dist
 
@@ -95,6 +98,28 @@ trajs = [Trajectory(tooladd.prompt_ids(tokenizer, r["prompt"]), r | {"i": 2 * i 
                     owner=i // 8) for i, r in enumerate(rows) for j in range(2)]
 rec = Recorder(engine)
 stats = agents.rollout(rec, endpoint, agent, trajs, 1.0, 60.0, 64, tp_rank, tp_group)
+
+# A library's habit (LangChain's ChatOpenAI keeps one async HTTP client per process, made on the loop of its first
+# call): an agent with its own openai client over one process-wide httpx client, through the endpoint's real
+# loopback server, in two rollouts. The second finds its pool's connections alive only if both ran on one loop.
+shared = {}
+
+
+async def library_agent(client, row):
+    if "http" not in shared:
+        shared["http"] = httpx.AsyncClient()
+    own = openai.AsyncOpenAI(base_url=str(client.base_url), api_key=client.api_key, http_client=shared["http"],
+                             max_retries=0)
+    await own.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": row["prompt"]}])
+    return 1.0
+
+
+library = []
+for k in range(2):
+    again = [Trajectory(tooladd.prompt_ids(tokenizer, r["prompt"]), r | {"i": i}, seed=7000 * k + i, owner=i % 2)
+             for i, r in enumerate(rows[:4])]
+    st = agents.rollout(engine, endpoint, library_agent, again, 1.0, 60.0, 64, tp_rank, tp_group)
+    library.append([st.failed, st.first_error])
 endpoint.shutdown()
 mine = [x for x in trajs if x.owner == tp_rank]
 batch = to_batch(mine, tokenizer.pad_token_id, 1, 32)
@@ -107,7 +132,8 @@ result = {"calls": rec.log, "diff": ((trainer - batch.rollout_logprobs).abs() * 
           "errors": {x.row["i"]: x.error for x in mine if x.error}, "timed_out": [x.timed_out for x in trajs],
           "rewritten": stats.rewritten, "failed": stats.failed, "calls_n": stats.calls,
           "starts": {x.row["i"]: x.starts for x in mine}, "turn_lens": {x.row["i"]: [len(t) for t in x.turns] for x in mine},
-          "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine}}
+          "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine},
+          "library": library}
 everything = [None] * dist.get_world_size()
 dist.all_gather_object(everything, result)
 if dist.get_rank() == 0:
