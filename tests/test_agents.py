@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, WORKERS, torchrun, train_cmd
+from conftest import ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
 
 
 def recipe():
@@ -82,3 +82,36 @@ def test_tooladd_agent_learns(tmp_path, mode):
         return
     assert all(r["async/token_staleness_max"] <= 1 and r["async/probe_logprob_diff_max"] < 1e-3 for r in rows[1:])
     assert max(r["async/versions_per_sample"] for r in rows[1:]) > 1.0  # calls of one trajectory, two versions
+
+
+FAILING = '''
+from rlcore.config.cli import load_recipe
+
+
+async def agent(client, row):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": row["prompt"]}])
+    raise ConnectionError("the tool server is down")
+
+
+def config():
+    cfg = load_recipe("tooladd_agent")
+    cfg.rollout.agent = agent
+    return cfg
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["colocated", "split"])
+def test_a_run_whose_agents_all_fail_stops(tmp_path, mode):
+    """Every agent fails (its tool server is down): the step has nothing to train on, so every rank stops with one
+    line naming the first failure, exit 3, instead of training on nothing and exiting 0. (A split mesh's rollout
+    ranks hand the error to the trainers at the next exchange.)"""
+    (tmp_path / "failing.py").write_text(FAILING)
+    proc = train_cmd(f"recipe={tmp_path}/failing.py", "rollout.prompts_per_step=4",
+                     "train.steps=3", "data.eval_path=", f"output_dir={tmp_path}/runs",
+                     *(["rollout.ranks=1"] if mode == "split" else []))
+    assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
+    assert ("rlcore: error: 32 of 32 trajectories' agents failed at step 1 (rollout.max_failed_frac=1); the first: "
+            "the agent raised ConnectionError: the tool server is down") in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "runs" / "tooladd_agent" / "metrics.jsonl").exists() or \
+        (tmp_path / "runs" / "tooladd_agent" / "metrics.jsonl").read_text() == ""  # no step was trained

@@ -55,6 +55,9 @@ class RolloutConfig:
     # any schedule); engine: the engine's generator, reseeded per lockstep call (vLLM's batched sampler; the same
     # run on the same mesh reproduces itself). benchmarks/sampler.py measures the difference.
     seeds: str = "request"
+    # rollout.agent: a step where at least this fraction of the trajectories' agents failed (raised, refused, timed
+    # out) stops the run, naming the first failure; 1.0 = only when all failed (nothing left to train on)
+    max_failed_frac: float = 1.0
     # Multi-turn (rlcore.rollout.env, rlcore.rollout.turns); with env="" a rollout is one model turn.
     env: Any = ""  # environment factory(row) -> env: a callable, "module:name" or "path/file.py:name"; "" = none
     max_turns: int = 0  # model turns per trajectory at most; 0 = the environment's own max_turns

@@ -52,6 +52,7 @@ VALID = {
     "rollout.max_tool_calls": _whole(1), "rollout.turn_deadline_s": _SECONDS,
     "rollout.truncated_reward": (lambda v: v is None or math.isfinite(v), "a finite number or none"),
     "rollout.schedule": _one_of("lockstep", "continuous"), "rollout.seeds": _one_of("request", "engine"),
+    "rollout.max_failed_frac": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
     "rollout.max_running": _at_least(0), "rollout.join_steps": _at_least(0),

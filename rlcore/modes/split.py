@@ -71,12 +71,18 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
     """Ranks [0, R): sample, score and hand over batches; receive weights; eval; log (rank 0)."""
     cfg, k, steps = run.cfg, run.cfg.rollout.max_staleness, run.cfg.train.steps
     ready: dict[int, tuple[Batch, dict]] = {}  # batch -> (this rank's scored share, its metrics)
-    probe = None
+    probe, failed = None, []  # failed: why sampling stopped (the trainers hear it at the next exchange)
 
     def produce(b: int) -> None:
+        if failed:
+            return
         t = time.perf_counter()
         reset_peak_memory()
-        batch, metrics = collect(run, b)
+        try:
+            batch, metrics = collect(run, b)
+        except RunError as e:  # every rollout rank raised it together (collect agrees); the trainers wait in
+            failed.append(str(e))  # the exchange, so it goes to them there, and then every rank stops
+            return
         batch.versions = torch.full((len(batch),), run.engine.version, dtype=torch.long)
         metrics |= {"time/collect_s": time.perf_counter() - t, "memory/generate_peak_gb": all_max(peak_memory_gb())}
         ready[b] = (batch, metrics)
@@ -88,8 +94,9 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         path = None
         if error is None and t < steps and t + 1 not in ready:
             produce(t + 1)  # k = 0: sampled with the weights just received
+        error = error or (failed[0] if failed else None)
         share = ready[t + 1][0] if error is None and t < steps else None
-        if t == 0 and dist.get_rank() == 0:
+        if t == 0 and dist.get_rank() == 0 and share is not None:
             probe = [row[keep].tolist() for row, keep in
                      zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
         messages = exchange(link, {"batch": share, "error": error, "stop": loop.stop.received, "probe": probe,

@@ -24,10 +24,10 @@ STEP_KEYS = (
 # the sampled tokens). Off-policy (split at k >= 1, streaming) that gap is the policy's staleness, not a fault:
 # the line shows the alarm's number there, the probe's gap after each load, and the staleness instead.
 PROGRESS_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
-                 ("rollout/logprob_diff_max", "lp_diff"), ("time/step_s", "s"))
+                 ("rollout/logprob_diff_max", "lp_diff"), ("agent/failed_frac", "failed"), ("time/step_s", "s"))
 OFF_POLICY_KEYS = (("reward/mean", "reward"), ("eval/accuracy", "eval_acc"), ("policy/entropy", "entropy"),
                    ("async/probe_logprob_diff_max", "probe_diff"), ("async/token_staleness_mean", "stale"),
-                   ("async/staleness_mean", "stale"), ("time/step_s", "s"))
+                   ("async/staleness_mean", "stale"), ("agent/failed_frac", "failed"), ("time/step_s", "s"))
 
 
 def peak_memory_gb() -> float:

@@ -148,7 +148,7 @@ def sample(run: Run, step: int, draw: int = 0) -> tuple[Batch, dict[str, torch.T
     if isinstance(stats, agents.AgentStats):
         counts |= {"agent_calls": stats.calls / run.dims.tp, "agent_failed": stats.failed,
                    "agent_timeouts": stats.timeouts, "agent_rewritten": stats.rewritten,
-                   "rollout_s": stats.rollout_s}
+                   "rollout_s": stats.rollout_s, "agent_first_error": stats.first_error}
     if isinstance(stats, continuous.ContinuousStats):
         counts |= {"rollout_s": stats.rollout_s, "idle_s": stats.idle_s, "env_calls": stats.env_calls,
                    "deadline_truncated": stats.deadline_truncated if run.rollout.tp_rank == 0 else 0,
@@ -180,6 +180,8 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         for k, v in counts.items():
             if k == "active":  # per-turn counts: add draw to draw, turn by turn
                 totals[k] = [a + b for a, b in itertools.zip_longest(totals.get(k, []), v, fillvalue=0)]
+            elif isinstance(v, str):  # the first error of the step on this rank
+                totals[k] = totals.get(k) or v
             else:
                 totals[k] = totals.get(k, 0) + v
         r_sum, r_sq, r_n = r_sum + batch.rewards.sum().item(), r_sq + (batch.rewards ** 2).sum().item(), r_n + len(batch)
@@ -217,8 +219,19 @@ def collect(run: Run, step: int) -> tuple[Batch, dict[str, float]]:
         calls, failed, timeouts, rewritten = all_sum(totals["agent_calls"], totals["agent_failed"],
                                                      totals["agent_timeouts"], totals["agent_rewritten"])
         stats |= {"agent/calls_mean": calls / r_n, "agent/failed": failed, "agent/timeouts": timeouts,
-                  "agent/rewritten": rewritten}
+                  "agent/rewritten": rewritten, "agent/failed_frac": (failed + timeouts) / r_n}
+        check_failed(cfg, step, failed + timeouts, r_n, totals["agent_first_error"] or (
+            "timed out (rollout.env_timeout_s)" if totals["agent_timeouts"] else None))
     return batch, stats
+
+
+def check_failed(cfg, step: int, failed: float, total: float, first: str | None) -> None:
+    """Collective: a step whose agents failed on at least rollout.max_failed_frac of its trajectories (by default
+    all of them: nothing to train on) stops every rank with the first failure (by rank), exit 3."""
+    frac = cfg.rollout.max_failed_frac
+    if failed >= frac * total:
+        agree(f"{int(failed)} of {int(total)} trajectories' agents failed at step {step} (rollout.max_failed_frac="
+              f"{frac:g}); the first: {first}" if first else None)
 
 
 def env_metrics(run: Run, totals: dict, n: float) -> dict[str, float]:

@@ -183,5 +183,11 @@ class AgentTurns(Turns):
             len(trajs), sum(len(x.turns) for x in trajs), sum(x.error is not None for x in trajs),
             sum(x.timed_out for x in trajs), sum(len(x.starts) for x in trajs))
         metrics |= {"agent/calls_mean": calls / n, "agent/failed": failed, "agent/timeouts": timeouts,
-                    "agent/rewritten": rewritten}
+                    "agent/rewritten": rewritten, "agent/failed_frac": (failed + timeouts) / n}
+        frac = self.run.cfg.rollout.max_failed_frac
+        if failed + timeouts >= frac * n:  # the same sums on every lead: all stop at the next exchange
+            first = next((x.error or "timed out (rollout.env_timeout_s)" for x in trajs if x.error or x.timed_out),
+                         "on another engine")
+            self.error = self.error or (f"{int(failed + timeouts)} of {int(n)} trajectories' agents failed in a "
+                                        f"batch (rollout.max_failed_frac={frac:g}); the first: {first}")
         return batch, metrics
