@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
+from rlcore.engine.lifecycle import Lifecycle
 from rlcore.engine.rollout_engine import RolloutEngine, redo_cpu_weight_processing
 
 
@@ -85,7 +86,7 @@ def prefix_check(llm, prefix: list[int], old: dict, new: dict) -> dict:
     for _ in range(3):
         llm.llm_engine.step()
     # rlcore's load, as a streaming engine loads a version: "flying" is running
-    RolloutEngine.load(SimpleNamespace(llm=llm, sleep_mode=False, cuda=False), iter(new.items()))
+    RolloutEngine.load(SimpleNamespace(llm=llm, sleep_mode=False, cuda=False, state=Lifecycle()), iter(new.items()))
     got["after_load"] = run("after_load", 11)
     until("flying")
     llm.reset_prefix_cache()
