@@ -32,9 +32,11 @@ also writes its code to PATH (launch/slurm_node.sh reads it to decide on a reque
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -148,5 +150,18 @@ def record_error(line: str) -> None:
         Path(path).write_text(json.dumps({"message": line, "timestamp": int(time.time())}))
 
 
+def leave(code: int) -> None:
+    """Exit as an ordinary exit does (non-daemon threads joined, the atexit handlers run: temporary folders, the
+    sandbox pool, vLLM's shutdown, logging; the output flushed), but without the interpreter's teardown of every
+    module and object afterwards: ~2 s a rank on CPU after torch, transformers and vLLM, for nothing the run keeps."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))
