@@ -101,16 +101,21 @@ def config():
 
 
 @pytest.mark.slow
-def test_a_run_whose_agents_all_fail_stops(tmp_path):
+@pytest.mark.parametrize("mode", ["split", "stream"])
+def test_a_run_whose_agents_all_fail_stops(tmp_path, mode):
     """Every agent fails (its tool server is down): the step has nothing to train on, so every rank stops with one
-    line naming the first failure, exit 3, instead of training on nothing and exiting 0. In a split mesh, where the
-    rollout ranks must hand the error to the trainers waiting at the exchange (colocated, the same check in
-    rollout/collect.py raises on every rank at once)."""
+    line naming the first failure, exit 3, instead of training on nothing and exiting 0. In a split mesh the
+    rollout ranks hand the error to the trainers waiting at the exchange; streaming, at the next load. (Colocated,
+    split's check in rollout/collect.py raises on every rank at once.)"""
     (tmp_path / "failing.py").write_text(FAILING)
-    proc = train_cmd(f"recipe={tmp_path}/failing.py", "rollout.prompts_per_step=4",
-                     "train.steps=3", "data.eval_path=", f"output_dir={tmp_path}/runs", "rollout.ranks=1")
+    modes = {"split": ["rollout.ranks=1"],
+             "stream": ["rollout.ranks=2", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
+    proc = train_cmd(f"recipe={tmp_path}/failing.py", "rollout.prompts_per_step=4", "train.steps=3",
+                     "data.eval_path=", f"output_dir={tmp_path}/runs", *modes[mode], nproc=3 if mode == "stream" else 2)
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
-    assert ("rlcore: error: 32 of 32 trajectories' agents failed at step 1 (rollout.max_failed_frac=1); the first: "
-            "the agent raised ConnectionError: the tool server is down") in proc.stderr, proc.stderr[-3000:]
+    says = ("rlcore: error: 32 of 32 trajectories' agents failed at step 1 (rollout.max_failed_frac=1); the first: "
+            if mode == "split" else "rlcore: error: 32 of 32 trajectories' agents failed in a batch "
+                                    "(rollout.max_failed_frac=1); the first: ")
+    assert says + "the agent raised ConnectionError: the tool server is down" in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "runs" / "tooladd_agent" / "metrics.jsonl").exists() or \
         (tmp_path / "runs" / "tooladd_agent" / "metrics.jsonl").read_text() == ""  # no step was trained

@@ -172,7 +172,9 @@ class Engine:
                 ready = all(gather(ready, self.link.leads, self.E))
             if ready:
                 share, self.pending[b] = self.turns.batch(groups, self.G, self.link.leads or ALONE)
-            if b == 1 and ready and dist.get_rank() == 0:
+                error = self.turns.error  # the batch itself may stop the run (all its agents failed): not handed over
+                share = share if error is None else None
+            if b == 1 and share is not None and dist.get_rank() == 0:
                 self.probe = [row[keep].tolist() for row, keep in
                               zip(share.input_ids[:PROBE_ROWS], share.attention_mask[:PROBE_ROWS].bool())]
         messages = exchange(self.link, {"batch": share, "error": error, "stop": self.stop.received,

@@ -95,5 +95,6 @@ def token_staleness(batch: Batch, t: int) -> dict[str, float]:
     behind = ((t - 1) - batch.token_versions)[mask]
     per_seq = sum(len(set(v[m].tolist())) for v, m in zip(batch.token_versions, mask))
     tokens, behind_sum, spans, n = all_sum(mask.sum().item(), behind.sum().item(), per_seq, len(batch))
-    return {"async/token_staleness_mean": behind_sum / tokens, "async/token_staleness_max": all_max(behind.max().item()),
+    return {"async/token_staleness_mean": behind_sum / max(tokens, 1),  # a batch may hold no model token
+            "async/token_staleness_max": all_max(behind.max().item() if behind.numel() else 0),
             "async/versions_per_sample": spans / n}
