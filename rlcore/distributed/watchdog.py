@@ -133,7 +133,10 @@ class Watchdog:
             other = f"rank {behind} is behind, it {_says(running[behind], now)} (its stack is in its log)"
         line = (f"rlcore: watchdog: no rank finished a stage for {self.seconds:g} s (train.watchdog_s="
                 f"{self.seconds:g}): {mine}; {other}; every rank exits {EXIT_CODE}")
-        print(line, file=sys.__stderr__, flush=True)
+        # One write of the whole line: torchrun runs ranks with -u, where print() writes the text and its newline
+        # in two syscalls, and another rank's line can land between them (two lines merged into one).
+        sys.__stderr__.write(line + "\n")
+        sys.__stderr__.flush()
         record(line)
         if behind == self.rank:
             faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
