@@ -23,7 +23,8 @@ from vllm import LLM, SamplingParams
 from vllm.sampling_params import RequestOutputKind
 
 from rlcore.engine.lifecycle import Lifecycle
-from rlcore.engine.rollout_engine import RolloutEngine, redo_cpu_weight_processing
+from rlcore.engine.device import redo_cpu_weight_processing
+from rlcore.engine.rollout_engine import RolloutEngine
 
 
 def main(model_dir: str, run_dir: str, batch_pt: str, out: str) -> None:
