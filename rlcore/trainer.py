@@ -19,7 +19,7 @@ from rlcore import rewards
 from rlcore.config import Config
 from rlcore.config.roles import Models, models_of
 from rlcore.data import PromptStream, load_tokenizer
-from rlcore.distributed import watchdog
+from rlcore.distributed import collectives, watchdog
 from rlcore.distributed.collectives import Preempted
 from rlcore.distributed.parallel import ParallelDims, build_meshes, device_type, init_distributed
 from rlcore.engine import RolloutEngine
@@ -39,6 +39,7 @@ from rlcore.sandbox import pool as sandbox
 def setup(cfg: Config) -> Run:
     """Check everything cheap on every rank first (rlcore/preflight/checks.py), then load."""
     init_distributed(watchdog.group_timeout(cfg.train.watchdog_s))
+    collectives.set_scope(None)  # over the whole world until a mode scopes them (a run before may have left its own)
     rank, world = dist.get_rank(), dist.get_world_size()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     dims = ParallelDims(world, cfg.rollout.tensor_parallel, cfg.rollout.ranks)
