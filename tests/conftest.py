@@ -1,11 +1,15 @@
 """Shared test helpers: real torchrun processes on CPU/gloo, and tiny local models."""
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +44,99 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
 def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | None = None):
     """The real entry point: torchrun launch/train.py with recipe + overrides."""
     return torchrun(ROOT / "launch" / "train.py", *overrides, nproc=nproc, timeout=timeout, env=env)
+
+
+class RunServer:
+    """The slow tier's shared launch: one torchrun job (tests/workers/run_server.py) that runs
+    launch/train.py's main(argv) for run after run, each with its own process groups, engines and run folder.
+    For runs expected to exit 0 whose test reads their numbers and files, not the launch itself: a run that
+    fails ends the job (the next run starts a new one), and signals, kills, exit codes, crashes and startup
+    stay with train_cmd's fresh launches. `test_train.py` checks that a run here logs and exports what a fresh
+    launch does."""
+
+    def __init__(self, nproc: int):
+        self.nproc = nproc
+        self.proc: subprocess.Popen | None = None
+        self.folder: Path | None = None
+        self.n = 0
+
+    def start(self) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="rlcore-runs-"))
+        self.n = 0
+        inherited = {k: v for k, v in os.environ.items() if k not in IMPORT_SET}
+        with open(self.folder / "torchrun.txt", "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}",
+                 str(WORKERS / "run_server.py"), str(self.folder)], cwd=ROOT, stdout=log, stderr=log,
+                start_new_session=True, env=inherited | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+
+    def request(self, n: int, body: dict) -> None:
+        tmp = self.folder / f"req-{n}.tmp"
+        tmp.write_text(json.dumps(body))
+        tmp.rename(self.folder / f"req-{n}.json")
+
+    def train(self, *overrides: str, timeout: int = 600, env: dict | None = None,
+              script: Path | None = None) -> subprocess.CompletedProcess:
+        """As train_cmd(*overrides, env=env), or torchrun(script, *overrides, env=env): the ranks' stdout and stderr,
+        returncode 0 when every rank exits 0 (else the first non-zero rank's code; -9 when the job died or ran past
+        `timeout`, and was killed)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self.start()
+        n, self.n = self.n, self.n + 1
+        self.request(n, {"argv": [str(a) for a in overrides], "env": env or {}, "port": free_port()}
+                     | ({"script": str(script)} if script else {}))
+        deadline, codes = time.monotonic() + timeout, {}
+        while len(codes) < self.nproc:
+            for rank in set(range(self.nproc)) - set(codes):
+                res = self.folder / f"res-{n}-rank{rank}.json"
+                if res.exists():
+                    codes[rank] = json.loads(res.read_text())["code"]
+            if len(codes) < self.nproc and (self.proc.poll() is not None or time.monotonic() > deadline):
+                self.kill()
+                break
+            time.sleep(0.05)
+        read = lambda kind: "".join(p.read_text() for p in sorted(self.folder.glob(f"{kind}-{n}-rank*.txt")))
+        failed = [c for c in (codes.get(rank, -9) for rank in range(self.nproc)) if c != 0]
+        return subprocess.CompletedProcess(["run_server", *map(str, overrides)], failed[0] if failed else 0,
+                                           read("out"), read("err") + (self.log() if failed else ""))
+
+    def log(self) -> str:
+        return (self.folder / "torchrun.txt").read_text()[-4000:]
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.request(self.n, {"quit": True})
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+_runs: dict[int, RunServer] = {}
+
+
+def train_warm(*overrides: str, nproc: int = 2, timeout: int = 600,
+               env: dict | None = None) -> subprocess.CompletedProcess:
+    """train_cmd in the shared launch of `nproc` ranks (RunServer): for a run that should exit 0."""
+    return _runs.setdefault(nproc, RunServer(nproc)).train(*overrides, timeout=timeout, env=env)
+
+
+def torchrun_warm(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
+                  env: dict | None = None) -> subprocess.CompletedProcess:
+    """torchrun(script, *args) in the shared launch of `nproc` ranks: for a worker that should exit 0 (its process
+    groups and engines are left behind it by the shared launch, as by the end of a process)."""
+    return _runs.setdefault(nproc, RunServer(nproc)).train(*args, timeout=timeout, env=env, script=Path(script))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def rank_exit_codes(proc: subprocess.CompletedProcess) -> set[int]:
@@ -80,6 +177,8 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    for server in _runs.values():
+        server.close()
     if _builder is not None and _builder.poll() is None:  # a run stopped early: the cache stays unbuilt, not half-built
         _builder.terminate()
         _builder.wait(timeout=60)

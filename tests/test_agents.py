@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import ROOT, WORKERS, rank_exit_codes, torchrun_warm, train_cmd, train_warm
 
 
 def recipe():
@@ -28,7 +28,7 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
     history trains both its sequences; the engine's logprobs match the trainer's over every model token (the
     rewritten rows' second sequences through their restarting positions)."""
     out = tmp_path / "agents.json"
-    proc = torchrun(WORKERS / "agent_worker.py", out)
+    proc = torchrun_warm(WORKERS / "agent_worker.py", out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     a, b = json.loads(out.read_text())
     assert a["calls"] == b["calls"] and a["rewards"] == b["rewards"]
@@ -69,7 +69,7 @@ def test_tooladd_agent_learns(tmp_path, mode):
     old, and the probe after every in-flight load within 1e-3 (the per-token logprobs differ by the staleness)."""
     modes = {"split": ["rollout.ranks=1"],
              "stream": ["rollout.ranks=2", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
-    proc = train_cmd("recipe=tooladd_agent", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8",
+    proc = train_warm("recipe=tooladd_agent", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8",
                      *modes.get(mode, []), nproc=3 if mode == "stream" else 2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "tooladd_agent" / "metrics.jsonl").read_text().splitlines()]

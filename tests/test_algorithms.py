@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import FP32_EPS, rank_exit_codes, train_cmd
+from conftest import FP32_EPS, rank_exit_codes, train_cmd, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -37,7 +37,7 @@ def read_metrics(run_dir) -> list[dict]:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_algorithm_learns_the_tiny_task(variant, tmp_path):
     args = VARIANTS[variant]
-    proc = train_cmd(*args, f"output_dir={tmp_path}", f"train.steps={STEPS}", f"train.eval_every={STEPS}")
+    proc = train_warm(*args, f"output_dir={tmp_path}", f"train.steps={STEPS}", f"train.eval_every={STEPS}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
     rows = read_metrics(run_dir)

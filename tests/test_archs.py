@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import archs
-from conftest import ROOT, WORKERS, train_cmd
+from conftest import ROOT, WORKERS, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -44,7 +44,7 @@ EXTRA = {("qwen2", 1): ("algorithm.kl_coef=0.05",), ("llama", 1): ("model.activa
 
 def run_steps(model_path, tp: int, run_dir, extra: tuple[str, ...] = ()) -> list[float]:
     """3 GRPO steps through the real entry point; returns rollout/logprob_diff_max per step."""
-    proc = train_cmd(RECIPE, f"model.path={model_path}", f"rollout.tensor_parallel={tp}", f"name={run_dir.name}",
+    proc = train_warm(RECIPE, f"model.path={model_path}", f"rollout.tensor_parallel={tp}", f"name={run_dir.name}",
                      f"output_dir={run_dir.parent}", *extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
     metrics = steps(run_dir)

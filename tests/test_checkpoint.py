@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -33,7 +33,7 @@ def python(*args, timeout=300) -> subprocess.CompletedProcess:
 def straight(tmp_path_factory):
     """The uninterrupted reference run: 4 steps on 2 ranks, checkpoints at 2 and 4, HF export at 4."""
     out = tmp_path_factory.mktemp("straight")
-    proc = train_cmd(*RUN, f"output_dir={out}")
+    proc = train_warm(*RUN, f"output_dir={out}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out / "demo"
 
@@ -45,7 +45,7 @@ PPO_RUN = ("recipe=ppo_tiny", *RUN[1:])
 def straight_ppo(tmp_path_factory):
     """PPO uninterrupted: the policy and the critic, each with its own optimizer and schedule."""
     out = tmp_path_factory.mktemp("straight_ppo")
-    proc = train_cmd(*PPO_RUN, f"output_dir={out}")
+    proc = train_warm(*PPO_RUN, f"output_dir={out}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out / "ppo_tiny"
 
@@ -238,7 +238,7 @@ def test_multi_turn_kill_then_resume_is_exact_once(tmp_path):
     micro-batches: a rank SIGKILLed in step 3
     and resume=auto log the same numbers at every step, and export the same bytes, as the run straight
     through. Turn seeds derive from (run seed, step, trajectory, turn), so nothing depends on process state."""
-    proc = train_cmd(*MULTI_TURN, f"output_dir={tmp_path / 'straight'}")
+    proc = train_warm(*MULTI_TURN, f"output_dir={tmp_path / 'straight'}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     straight = tmp_path / "straight" / "reinforce_pp_tiny"
     proc = torchrun(WORKERS / "faults.py", *MULTI_TURN, f"output_dir={tmp_path}",

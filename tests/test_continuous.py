@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from conftest import WORKERS, torchrun
+from conftest import WORKERS, torchrun_warm
 from rlcore.rollout import continuous
 from rlcore.rollout.turns import Trajectory, rollout, to_batch
 from test_turns import EOS, STOP, ScriptedEngine, ScriptedEnv, envs
@@ -157,7 +157,7 @@ def test_continuous_at_tp2_identical_engine_calls_deadline_and_calculator(tiny_m
     a stuck tool ends its trajectory at the step deadline (the same abort on both ranks); the calculator task
     keeps lockstep's per-trajectory guarantees."""
     out = tmp_path / "continuous.json"  # seeds s + j per sample, as collect.run_turns gives them
-    proc = torchrun(WORKERS / "continuous_worker.py", tiny_models["qwen2"], out)
+    proc = torchrun_warm(WORKERS / "continuous_worker.py", tiny_models["qwen2"], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     a, b = json.loads(out.read_text())
     for name in ("latency", "deadline", "calculator"):

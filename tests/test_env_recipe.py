@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import ROOT, train_cmd
+from conftest import ROOT, train_warm
 from rlcore.rollout.env import Step, as_step
 
 
@@ -35,8 +35,8 @@ def test_hint_environment_rules(tmp_path):
 
 @pytest.mark.slow
 def test_hint_recipe_trains_with_two_turns(tmp_path):
-    proc = train_cmd(f"recipe={write_recipe(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2",
-                     "data.eval_size=32", "rollout.prompts_per_step=8", "rollout.group_size=4")
+    proc = train_warm(f"recipe={write_recipe(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2",
+                      "data.eval_size=32", "rollout.prompts_per_step=8", "rollout.group_size=4")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "hint_tiny" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2]

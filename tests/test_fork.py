@@ -9,7 +9,7 @@ import pytest
 
 import torch
 
-from conftest import ROOT, train_cmd
+from conftest import ROOT, train_warm
 from rlcore.batch import Batch
 
 
@@ -38,8 +38,8 @@ def test_rloo_advantages(tmp_path):
 
 @pytest.mark.slow
 def test_forked_recipe_trains(tmp_path):
-    proc = train_cmd(f"recipe={write_fork(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
-                     "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.clip_high=0.28")
+    proc = train_warm(f"recipe={write_fork(tmp_path)}", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
+                      "rollout.prompts_per_step=8", "rollout.group_size=4", "algorithm.clip_high=0.28")
     assert proc.returncode == 0, proc.stderr[-4000:]
     config = json.loads((tmp_path / "rloo_tiny" / "config.json").read_text())
     assert config["algorithm"]["_target"].endswith(".RLOO") and config["algorithm"]["clip_high"] == 0.28

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, train_cmd
+from conftest import ROOT, WORKERS, train_cmd, train_warm
 from test_checkpoint import SMALL, python, read_metrics
 
 sys.path.insert(0, str(WORKERS))
@@ -29,7 +29,7 @@ def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(t
     from rlcore.tasks import tiny
 
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    proc = train_cmd(*RUN, "train.steps=4", f"output_dir={straight}")
+    proc = train_warm(*RUN, "train.steps=4", f"output_dir={straight}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     run, resumed = straight / "demo_lora", halves / "demo_lora"
     # The same run stopped after its step-2 checkpoint (its later checkpoint and exports gone; the logger drops

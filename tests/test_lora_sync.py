@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from conftest import WORKERS, torchrun, train_cmd
+from conftest import WORKERS, torchrun_warm, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
 
 def test_engine_serves_the_trained_adapters_in_both_sync_modes(tiny_models, tmp_path):
     out = tmp_path / "lora_sync.json"
-    proc = torchrun(WORKERS / "lora_sync_worker.py", tiny_models["qwen2"], out)
+    proc = torchrun_warm(WORKERS / "lora_sync_worker.py", tiny_models["qwen2"], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     assert r["base_vs_trainer_at_init"] < 1e-4  # B = 0: the engine's base is the policy before any update
@@ -34,7 +34,7 @@ def test_demo_lora_learns_with_the_drift_alarm_tight(tmp_path):
     """recipes/demo_lora.py as a user runs it, for 20 of its 60 steps: held-out accuracy from >= 10% up by >= 30
     points (measured 17.2% -> 76.2% at step 20, 82.4% at 60, in both sync modes), the per-step engine-vs-trainer
     check tight after every adapter sync, and each sync moving the adapters only."""
-    proc = train_cmd("recipe=demo_lora", f"output_dir={tmp_path}", "train.steps=20", "train.eval_every=20")
+    proc = train_warm("recipe=demo_lora", f"output_dir={tmp_path}", "train.steps=20", "train.eval_every=20")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "demo_lora" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "rollout/logprob_diff_max" in r]

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import WORKERS, rank_exit_codes, torchrun_warm, train_cmd, train_warm
 
 SMALL = ("rollout.prompts_per_step=8", "rollout.group_size=4", "train.micro_batch_size=8")
 ENVS = "tests/envs/plumbing.py"
@@ -21,8 +21,8 @@ def test_without_an_environment_batches_are_bit_identical(tmp_path, tp, extra):
     """The turn loop with no environment against the single-turn rollout it replaced, kept verbatim in the
     worker: same rows and seeds, every batch tensor equal bit for bit, and the same greedy eval."""
     out = tmp_path / "checks.json"
-    proc = torchrun(WORKERS / "single_turn_worker.py", out, "recipe=demo", f"output_dir={tmp_path}",
-                    f"rollout.tensor_parallel={tp}", *SMALL, *extra.split())
+    proc = torchrun_warm(WORKERS / "single_turn_worker.py", out, "recipe=demo", f"output_dir={tmp_path}",
+                         f"rollout.tensor_parallel={tp}", *SMALL, *extra.split())
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert len(result["ranks"]) == 2 and result["rows"] == 8 // (2 // tp)
@@ -36,7 +36,7 @@ def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp
     per turn (by the rank that trains its trajectory), and the engine's logprobs of every model token of every
     turn match the trainer's."""
     out = tmp_path / "turns.json"
-    proc = torchrun(WORKERS / "turns_worker.py", tiny_models["qwen2"], 2, out)
+    proc = torchrun_warm(WORKERS / "turns_worker.py", tiny_models["qwen2"], 2, out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
     a, b = result["ranks"]
@@ -55,8 +55,8 @@ def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp
 def test_a_multi_turn_run_logs_the_environment(tmp_path):
     """The demo task with a two-turn environment: metrics for turns, tokens and time, an exact sync check over
     every model token of both turns, and reward functions scoring the last turn."""
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=2", "data.eval_size=16",
-                     f"rollout.env={ENVS}:Retry", "rollout.max_total_tokens=16", *SMALL)
+    proc = train_warm("recipe=demo", f"output_dir={tmp_path}", "train.steps=2", "data.eval_size=16",
+                      f"rollout.env={ENVS}:Retry", "rollout.max_total_tokens=16", *SMALL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "demo")
     for r in rows[1:]:
@@ -123,9 +123,9 @@ def test_a_step_of_the_wrong_shape_stops_the_run(tmp_path):
 def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
     """rollout.max_turns=1 cuts the two-turn environment after its first step: every trajectory is truncated
     (out of turns), and rollout.truncated_reward replaces whatever the reward functions gave."""
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
-                     f"rollout.env={ENVS}:Retry", "rollout.max_total_tokens=16", "rollout.max_turns=1",
-                     "rollout.truncated_reward=-0.5", *SMALL)
+    proc = train_warm("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
+                      f"rollout.env={ENVS}:Retry", "rollout.max_total_tokens=16", "rollout.max_turns=1",
+                      "rollout.truncated_reward=-0.5", *SMALL)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (r,) = read_metrics(tmp_path / "demo")
     assert r["env/truncated_frac"] == 1.0 and r["env/turns_mean"] == 1.0 and "env/active_turn2" not in r

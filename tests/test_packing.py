@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import FP32_EPS, WORKERS, torchrun
+from conftest import FP32_EPS, WORKERS, torchrun_warm
 from rlcore.algorithms.objectives import AGG_MODES
 from rlcore.models import build as models
 from rlcore.tasks import tiny
@@ -173,7 +173,7 @@ def test_token_budget_is_validated():
 def update_worker(tiny_models, tmp_path_factory) -> dict:
     """One run of tests/workers/update_worker.py on 2 gloo ranks (about 15 s), for the two tests below."""
     out = tmp_path_factory.mktemp("update") / "update.json"
-    proc = torchrun(WORKERS / "update_worker.py", tiny_models["qwen2"], out, nproc=2)
+    proc = torchrun_warm(WORKERS / "update_worker.py", tiny_models["qwen2"], out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import WORKERS, torchrun
+from conftest import WORKERS, torchrun_warm
 from rlcore.distributed.parallel import ParallelDims
 
 
@@ -29,7 +29,7 @@ def test_valid_degrees(world, tp, heads, kv):
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_rollout_mesh_rows_are_contiguous_rank_blocks(tmp_path, tp):
-    proc = torchrun(WORKERS / "mesh_worker.py", tp, tmp_path)
+    proc = torchrun_warm(WORKERS / "mesh_worker.py", tp, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = {int(p.stem): json.loads(p.read_text()) for p in tmp_path.glob("*.json")}
     for rank in (0, 1):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import train_cmd
+from conftest import train_warm
 from rlcore.config import ModelConfig
 from rlcore.models import build as models
 from rlcore.tasks import tiny
@@ -65,8 +65,8 @@ def test_run_with_a_reward_model_and_a_function(reward_model, tmp_path):
 
     recipe = tmp_path / "with_rm.py"
     recipe.write_text(RECIPE.format(root=str(ROOT), rm=str(reward_model)))
-    proc = train_cmd(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
-                     "rollout.prompts_per_step=8", "rollout.group_size=4")
+    proc = train_warm(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
+                      "rollout.prompts_per_step=8", "rollout.group_size=4")
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout + proc.stderr
     assert "critic none | reference none | reward arithmetic_exact x1, model " in out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
 
 VOLATILE = ("time/", "throughput/", "memory/")
 K1 = ("rollout.max_staleness=1", "algorithm.tis_cap=2")
@@ -169,7 +169,7 @@ def test_split_k0_trains_exactly_as_colocated(tmp_path):
     whole: every logged number and the exported bytes are identical. It learns (+30 points or more)."""
     proc = train_cmd(*LEARN, f"output_dir={tmp_path / 'colocated'}", nproc=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = train_cmd(*LEARN, "rollout.ranks=1", f"output_dir={tmp_path / 'split'}")
+    proc = train_warm(*LEARN, "rollout.ranks=1", f"output_dir={tmp_path / 'split'}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "rank 0   generates: engine 0 (tp rank 0 of 1)" in proc.stdout
     assert "rank 1   trains: FSDP shard 0 of 1 | engine 1 dormant" in proc.stdout
@@ -193,7 +193,7 @@ def test_split_k1_learns_stays_within_k_and_resumes_exactly(tmp_path):
     SIGKILL) and resumed from the step-2 checkpoint, the run logs the same numbers (steps 1-2 from a second
     process of the same config, 3-6 after the resume) and exports the same bytes."""
     run = (*LEARN, "rollout.ranks=1", *K1, "train.save_every=2")
-    proc = train_cmd(*run, f"output_dir={tmp_path / 'straight'}", nproc=3)
+    proc = train_warm(*run, f"output_dir={tmp_path / 'straight'}", nproc=3)
     assert proc.returncode == 0, proc.stderr[-4000:]
     straight = metrics(tmp_path / "straight" / "demo")
     assert [r["async/staleness_max"] for r in straight[1:]] == [0, 1, 1, 1, 1, 1]
@@ -236,7 +236,7 @@ def trains_on_after_its_end(run: tuple, out: Path) -> None:
 @pytest.mark.slow
 def test_split_1_1_learns_and_resumes_on_more_trainers(tmp_path):
     """1 engine + 1 trainer at k=1 learns; its step-4 checkpoint continues on 1 engine + 2 trainers."""
-    proc = train_cmd(*LEARN, "rollout.ranks=1", *K1, "train.save_every=4", f"output_dir={tmp_path}", nproc=2)
+    proc = train_warm(*LEARN, "rollout.ranks=1", *K1, "train.save_every=4", f"output_dir={tmp_path}", nproc=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
     assert max(r["async/staleness_max"] for r in rows[1:]) == 1

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import train_cmd
+from conftest import train_warm
 from rlcore.config import DataConfig
 from rlcore.rollout.env import PromptText
 from rlcore.rollout.standards import trl_environment, trl_reward, trl_rewards
@@ -238,7 +238,7 @@ def test_trl_tooladd_learns(tmp_path):
     starts at its 23.4%), and GRPO gains +30 points in 8 steps (76.6% measured) with exact logprobs. The
     environments' own counts (reward/used_add: trajectories whose instance ran add, read by a TRL reward function
     from `environments`) are at most rlcore's attempted calls per trajectory, which are tool/calls / 256."""
-    proc = train_cmd("recipe=trl_tooladd", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8")
+    proc = train_warm("recipe=trl_tooladd", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "trl_tooladd" / "metrics.jsonl").read_text().splitlines()]
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, train_cmd
+from conftest import ROOT, train_warm
 
 
 def read_metrics(run_dir) -> list[dict]:
@@ -18,7 +18,7 @@ def read_metrics(run_dir) -> list[dict]:
 def test_guess_game_learns_to_use_feedback(tmp_path):
     """The warm start knows the format only (greedy repeats one digit: 1 secret in 10); GRPO on the
     environment's hit reward learns to bisect. 80 of the recipe's 200 steps, to keep the suite short."""
-    proc = train_cmd("recipe=guess", f"output_dir={tmp_path}", "train.steps=80", "train.eval_every=40")
+    proc = train_warm("recipe=guess", f"output_dir={tmp_path}", "train.steps=80", "train.eval_every=40")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "guess")
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
@@ -34,7 +34,7 @@ def test_calculator_tool_learns(tmp_path):
     """The demo's sloppy-carry start with a calculator it rarely calls: GRPO raises held-out accuracy and
     the rate of tool calls (logged as reward/tool_calls, weight 0). 30 of the recipe's 60 steps (at 30: 21% -> 100%,
     calls 11% -> 88% of samples), to keep the suite short."""
-    proc = train_cmd("recipe=calculator", f"output_dir={tmp_path}", "train.steps=30", "train.eval_every=30")
+    proc = train_warm("recipe=calculator", f"output_dir={tmp_path}", "train.steps=30", "train.eval_every=30")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "calculator")
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
@@ -94,7 +94,7 @@ def test_tooladd_native_tool_learns(tmp_path):
     recipe = tmp_path / "recipes" / "tooladd.py"
     recipe.parent.mkdir()
     recipe.write_text(docs_tool_recipe())
-    proc = train_cmd(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=20")
+    proc = train_warm(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=20")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = read_metrics(tmp_path / "tooladd")
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd
+from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.outputs.metrics import STEP_KEYS
@@ -92,13 +92,24 @@ def test_skipped_sync_stops_the_run(tmp_path):
 
 
 def test_same_seed_same_run(tmp_path):
-    """Rollout seeds come from (run seed, step, prompt): two runs log identical numbers, timings aside."""
-    runs = []
-    for i in range(2):
-        proc = train_cmd("recipe=demo", f"output_dir={tmp_path / str(i)}", "train.steps=3", "data.eval_size=32",
-                         "rollout.tensor_parallel=2", *SMALL)
+    """Rollout seeds come from (run seed, step, prompt): two runs log identical numbers, timings aside, and export
+    the same bytes. One is a fresh launch, two run in the slow tier's shared launch (conftest.RunServer), the
+    second after a split run in the same processes: what the tests that use it read is what a launch gives. (The
+    split run's collectives scope outlived it, and halved the next run's sums, until leave_process_groups reset
+    it.)"""
+    runs, exports = [], []
+    for i, launch in enumerate((train_cmd, train_warm, train_warm)):
+        if i == 2:  # a split run first: what one run leaves in the processes must not reach the next
+            split = train_warm("recipe=demo", f"output_dir={tmp_path / 'split'}", "train.steps=1", "data.eval_path=",
+                               "rollout.ranks=1", *SMALL)
+            assert split.returncode == 0, split.stderr[-4000:]
+        proc = launch("recipe=demo", f"output_dir={tmp_path / str(i)}", "train.steps=3", "data.eval_size=32",
+                      "rollout.tensor_parallel=2", *SMALL)
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs.append([{k: v for k, v in r.items() if not k.startswith(("time/", "throughput/", "memory/"))}
                      for r in read_metrics(tmp_path / str(i) / "demo")])
-    assert len(runs[0]) == 4 and runs[0] == runs[1]
+        hf = tmp_path / str(i) / "demo" / "hf" / "step_3"
+        exports.append({p.name: p.read_bytes() for p in hf.iterdir() if p.is_file()})
+    assert len(runs[0]) == 4 and runs[0] == runs[1] == runs[2]
+    assert "model.safetensors" in exports[0] and exports[0] == exports[1] == exports[2]
     assert len({r["reward/mean"] for r in runs[0][1:]}) > 1  # the steps differ from each other

@@ -1,0 +1,113 @@
+"""One warm torchrun job that runs launch/train.py's main(argv), or a test's worker script, for run after run: the
+slow tier's shared launch.
+
+A fresh `torchrun launch/train.py` costs ~11 s on these 2 cores before its first step and after its last (torchrun,
+Python, torch, transformers and vLLM imports, the engine's first build); in this job the second and later runs
+start in ~2 s. Each run is the real entry point on every rank: its own process groups (a fresh TCPStore on a port
+the request names), its own engines, FSDP2 and run folder, all gone when main() returns, as in a new launch.
+
+Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...], "env": {...}, "path": [...],
+"port": P}, with "script": a worker to run instead of main(), or {"quit": true}); every rank runs request N with its stdout and stderr (file descriptors 1 and 2, so
+C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code}).
+A run that does not exit 0 on this rank ends the job (after its result is written): a failed run's state (a process
+group left open, an engine half built, a thread still waiting) never reaches the next run, which starts a new job.
+"""
+import gc
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "launch"))
+import train as entry  # noqa: E402  (launch/train.py)
+
+from rlcore.engine.rollout_engine import leave_process_groups  # noqa: E402
+
+# Where rlcore, its tests and every installed library live: modules from anywhere else are a run's own (a test's
+# recipe or reward file in its tmp_path) and are dropped after it, never a library's.
+OURS = (str(ROOT), sys.prefix, sys.base_prefix)
+
+
+def wait_for(path: Path) -> dict:
+    while not path.exists():
+        time.sleep(0.02)
+    return json.loads(path.read_text())
+
+
+def run(request: dict, out: Path, err: Path) -> int:
+    """main(argv) with the request's environment and import path, fds 1 and 2 in `out` and `err`; all put back
+    after."""
+    env, path, argv, modules = dict(os.environ), list(sys.path), list(sys.argv), set(sys.modules)
+    os.environ.update(request.get("env", {}))
+    # A fresh rendezvous per run, as a new launch has: torchrun's own store would hand this run the previous run's
+    # process-group addresses (the group names restart at 0 after destroy_process_group).
+    os.environ.update(TORCHELASTIC_USE_AGENT_STORE="False", MASTER_PORT=str(request["port"]))
+    sys.path[:0] = request.get("path", [])
+    saved = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(out, "w") as o, open(err, "w") as e:
+        os.dup2(o.fileno(), 1)
+        os.dup2(e.fileno(), 2)
+    try:
+        if "script" in request:  # a test's worker script, as `torchrun script argv` would run it
+            sys.argv = [request["script"], *request["argv"]]
+            sys.path.insert(0, str(Path(request["script"]).parent))
+            runpy.run_path(request["script"], run_name="__main__")
+            code = 0
+        else:
+            code = entry.main(request["argv"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # what would have been an uncaught exception: a traceback and exit 1
+        traceback.print_exc()
+        code = 1
+    try:
+        # The run's garbage goes now, engines included: vLLM's shutdown of an engine destroys the process groups it
+        # finds, which must be this run's (gone already, or left by a worker script), never the next run's.
+        gc.collect()
+        if dist.is_initialized():
+            leave_process_groups()
+    except BaseException:
+        traceback.print_exc()
+        code = code or 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+    os.environ.clear()
+    os.environ.update(env)
+    sys.path[:], sys.argv[:] = path, argv
+    for name in set(sys.modules) - modules:  # the user's own modules (recipes, rewards) go; libraries stay
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if name.startswith("rlcore_recipe_") or (file and not file.startswith(OURS)):
+            del sys.modules[name]
+    return code
+
+
+def serve(folder: Path) -> int:
+    rank = os.environ["RANK"]
+    for n in range(1_000_000):
+        request = wait_for(folder / f"req-{n}.json")
+        if request.get("quit"):
+            return 0
+        code = run(request, folder / f"out-{n}-rank{rank}.txt", folder / f"err-{n}-rank{rank}.txt")
+        tmp = folder / f"res-{n}-rank{rank}.tmp"
+        tmp.write_text(json.dumps({"code": code}))
+        tmp.rename(folder / f"res-{n}-rank{rank}.json")
+        if code != 0:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    entry.leave(serve(Path(sys.argv[1])))
