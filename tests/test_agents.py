@@ -55,6 +55,19 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
     # An agent whose library keeps one HTTP client per process works in every rollout: all run on one event loop
     # (each rollout on a loop of its own failed the second with "RuntimeError: Event loop is closed").
     assert a["library"] == b["library"] == [[0, ""], [0, ""]]
+    # Stop strings, forced calls and streamed answers on the real engine (the diff above covers their tokens): both
+    # ranks make the same calls, stop strings included; what the agent read and what was recorded agree.
+    assert a["api_calls"] == b["api_calls"] and a["api_failed"] == 0 and a["api"] == b["api"]
+    assert sum(c[0] == "add" and c[5:] == [['"b"']] for c in a["api_calls"]) == 2
+    for i, found in a["api"].items():
+        text, sampled, prompt_len = a["api_tokens"][i]
+        if found[0] == "stop":  # the engine stopped on the token that completed '"b"': kept, cut from the text
+            assert '"b"' in text and text.rstrip(": ").endswith('"b"') and '"b"' not in (found[2] or "")
+            assert found[3] == "stop" and found[1] == []
+        elif found[0] == "required":  # the opener was prompt: the model's tokens start after it
+            assert found[1] == ["add"] and not text.startswith("<tool_call>") and all(sampled)
+        else:
+            assert found[1] == ["add"] and found[2] == len(sampled)
     rewards = a["rewards"]
     assert all(rewards[i] in (0.0, 1.0) for i in range(0, 30, 4)) and [rewards[i] for i in range(1, 30, 4)] == [0.5] * 8
 

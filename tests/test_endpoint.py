@@ -4,6 +4,7 @@ a scripted step-by-step engine. tests/workers/agent_worker.py drives the real en
 import asyncio
 import json
 import random
+import re
 
 import openai
 import pytest
@@ -25,6 +26,16 @@ def tok():
     return tooladd.build_tokenizer()
 
 
+# What tool_choice "required" and {"function": {"name": "add"}} write after the generation prompt (hermes)
+FORCED = ('<tool_call>\n{{"name": "add", "arguments": ', "<tool_call>\n")
+
+
+def numbers(text: str) -> list[str]:
+    """The task's two numbers: the last "a+b=" in the text (a framework wraps the task in its own words)."""
+    found = re.findall(r"(\d+)\+(\d+)=", text)
+    return list(found[-1]) if found else ["0", "0"]
+
+
 class StepEngine:
     """submit / step / busy / abort as RolloutEngine has them. It answers a conversation ending in a user turn
     with a Hermes call of `add` on the problem's numbers, one ending in a tool answer with that answer; a request
@@ -33,15 +44,23 @@ class StepEngine:
     def __init__(self, tok, latency=2, answer=None):
         self.tok, self.latency, self.answer, self.live, self.calls = tok, latency, answer, {}, []
 
-    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None):
-        self.calls.append(("add", rid, list(prompt), max_tokens, seed))
+    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None, stop=None):
+        self.calls.append(("add", rid, list(prompt), max_tokens, seed) + ((list(stop),) if stop else ()))
         text = self.tok.decode(prompt, skip_special_tokens=False)
         if "<tool_response>" in text.rsplit("<|im_start|>user", 1)[-1]:
             reply = (self.answer or text.split("<tool_response>\n")[-1].split("\n")[0]) + "<|im_end|>"
         else:
-            a, b = text.rsplit("<|im_start|>user\n", 1)[-1].split("=")[0].split("+")
+            a, b = numbers(text)
             reply = f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n</tool_call><|im_end|>'
+        for opener in FORCED:  # a forced call's opener ends the prompt: the model writes the rest of the call
+            if text.endswith("<|im_start|>assistant\n" + opener.format(**dict(zip("ab", numbers(text))))):
+                reply = reply.removeprefix(opener.format(**dict(zip("ab", numbers(text)))))
+                break
         ids = self.tok.encode(reply, add_special_tokens=False)[:max_tokens]
+        for k in range(1, len(ids) + 1) if stop else ():  # vLLM's stop strings: up to the token completing one
+            if any(x in self.tok.decode(ids[:k]) for x in stop):
+                ids = ids[:k]
+                break
         self.live[rid] = [Sample(ids, [-0.01 * (j + 1) for j in range(len(ids))], "stop"), self.latency]
 
     def step(self):
@@ -75,10 +94,10 @@ async def tool_agent(client, row):
     return float(r.choices[0].message.content == row["answer"])
 
 
-def run(tok, agent, rows, engine=None, max_calls=4, timeout_s=10.0, workers=8, **kw):
+def run(tok, agent, rows, engine=None, max_calls=4, timeout_s=10.0, workers=8, max_len=96, **kw):
     """Rows through agents.rollout on one rank; -> (trajectories, stats, engine, endpoint)."""
     engine = engine or StepEngine(tok)
-    endpoint = Endpoint(tok, 1.0, 16, 96, max_calls, **kw)
+    endpoint = Endpoint(tok, 1.0, 16, max_len, max_calls, **kw)
     trajs = [Trajectory(tooladd.prompt_ids(tok, r["prompt"]), r, seed=100 + i, owner=0) for i, r in enumerate(rows)]
     try:
         stats = agents.rollout(engine, endpoint, agent, trajs, 1.0, timeout_s, workers, 0, None)
@@ -202,10 +221,16 @@ def test_refused_parameters_answer_400_once_and_fail_the_trajectory(tok):
              ({"n": 2}, "n=2 is refused: one sample per call"),
              ({"logit_bias": {"5": 10}}, "logit_bias={\"5\": 10} is refused"),
              ({"frequency_penalty": 0.5}, "frequency_penalty=0.5 is refused"),
-             ({"tool_choice": "required"}, "tool_choice=\"required\" is refused: forcing a call needs constrained"),
+             ({"tool_choice": {"type": "function", "function": {"name": "mul"}}, "tools": TOOLS},
+              "tool_choice names the function 'mul', which is not in tools (add)"),
+             ({"tool_choice": "required"}, 'tool_choice="required" needs tools'),
              ({"model": "gpt-4o"}, "unknown model 'gpt-4o'; this endpoint serves 'policy'"),
              ({"extra_body": {"best_of": 3}}, "unsupported parameter 'best_of'"),
-             ({"stop": ["+="]}, "stop \"+=\" is not one token")]
+             ({"stop": [f"s{k}" for k in range(17)]}, "stop holds 17 strings; this endpoint takes at most 16"),
+             ({"stream": True, "n": 2}, "n=2 is refused: one sample per call"),
+             ({"stream_options": {"include_usage": True}}, "stream_options is only allowed when stream is true"),
+             ({"response_format": {"type": "json_object"}}, "response_format={\"type\": \"json_object\"} is refused: "
+                                                            "a JSON format needs constrained decoding")]
     seen = []
 
     async def agent(client, row):
@@ -514,8 +539,8 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
                               engine=engine, logger=SimpleNamespace(print=logged.lines.append))
         engine.turns = turns = AgentTurns(run)
         turns.scored = (lambda trajs: ended.extend(trajs) or {}) if tp_rank == 0 else None  # only the lead scores
-        engine.submit = lambda rid, *a, t=turns, e=engine, log=added: \
-            log.append((t.tick, rid)) or Tagged.submit(e, rid, *a)
+        engine.submit = lambda rid, *a, t=turns, e=engine, log=added, **kw: \
+            log.append((t.tick, rid)) or Tagged.submit(e, rid, *a, **kw)
         sides.append((turns, engine, added))
     (turns, engine, added), (mirror, mirror_engine, mirrored) = sides
     try:

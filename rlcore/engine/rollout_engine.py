@@ -198,14 +198,17 @@ class RolloutEngine:
     # ---- request by request (rlcore.rollout.continuous): every rank of a TP group makes the same calls ----
 
     def submit(self, rid: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None,
-               stop_token_ids: list[int] | None = None) -> None:
+               stop_token_ids: list[int] | None = None, stop: list[str] | None = None) -> None:
         """Add one request (n=1) to the running engine; its Sample comes out of a later `step()` as (rid, Sample).
-        `rid` must be unique among requests in flight, e.g. "3.1" for trajectory 3, turn 1."""
+        `rid` must be unique among requests in flight, e.g. "3.1" for trajectory 3, turn 1. `stop`: strings the
+        engine stops at (vLLM's own detokenizer); the tokens up to the one that completed the string are kept."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         self.state.require_ready("submit")
         extra = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
+        if stop:
+            extra["stop"] = list(stop)
         if temperature == 0:
             params = SamplingParams(n=1, temperature=0.0, max_tokens=max_tokens, **extra)
         else:

@@ -130,7 +130,7 @@ def rollout(engine, endpoint: Endpoint, agent: Callable, trajs: list[Trajectory]
                 rid = f"a{tag}.{r.index}.{r.call}"
                 live[rid] = r
                 engine.submit(rid, r.prompt_ids, r.max_tokens, temperature,
-                              turn_seed(trajs[r.index].seed, r.call) if temperature > 0 else None, r.stop_ids)
+                              turn_seed(trajs[r.index].seed, r.call) if temperature > 0 else None, stop=r.stop)
                 stats.calls += 1
             # 3. decode, or 4. idle (until a request arrives or an agent ends)
             if engine.busy():

@@ -7,7 +7,8 @@ trains with rlcore (rollout.agent; the loop that feeds the engine is rlcore.roll
 
 A stdlib HTTP server on 127.0.0.1 (a random port), one per rank. Each trajectory gets its own random bearer
 token: it is both the password (other users of a shared node cannot reach the engine) and the session (which
-trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models.
+trajectory a call belongs to). Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses
+(rlcore.rollout.responses), GET /v1/models.
 The clients rlcore hands its agents skip the sockets (rlcore.rollout.wire.Client: the same body, bearer token
 and answer, handled on the agent's event loop by `ahandle`); over HTTP a server thread blocks in `handle`. Both
 run `start` (check, render, queue the engine call), wait for the engine, then `finish` (the sample -> the
@@ -22,15 +23,16 @@ exactly as sampled. Otherwise (the agent dropped or edited earlier messages) the
 rendered afresh. rlcore.rollout.sessions.sequences then joins the calls: a call whose prompt extends the
 previous sequence continues it (the new non-model tokens masked), any other call opens a new sequence.
 
-Sampling is the run's, so the recorded logprobs are what the trainer recomputes: temperature is pinned to
-rollout.temperature (the same value is accepted, any other refused); top_p 1, top_k off, min_p 0, no
-penalties and no logit bias are accepted, anything else is refused; `seed` is ignored (each call's seed comes
-from the trajectory's, as for environments). n > 1, streaming, forced tool choice, an unknown model and
-unknown fields are refused too: an OpenAI-style 400 error body naming the parameter and why, with
-`x-should-retry: false` so the client does not retry; the trajectory is marked failed (no loss on it).
+Sampling is the run's, so the recorded logprobs are what the trainer recomputes: which fields are accepted,
+ignored or refused, and why, is rlcore.rollout.fields (a refusal is an OpenAI-style 400 naming the parameter,
+with `x-should-retry: false`; the trajectory is marked failed, no loss on it). Stop strings of any length end a
+call where the engine finds them (vLLM's `stop`); the answer's text is cut before the string, the trajectory keeps
+the tokens as sampled. A forced call (tool_choice "required" or a named function) writes the model format's call
+opener after the generation prompt as prompt tokens (rlcore.rollout.toolcall.OPENERS); the model samples the rest.
+`stream: true` answers with server-sent events when the call is done (rlcore.rollout.sse).
 
-Why one file of ~360 lines: the OpenAI API surface served to agents (routes, fields accepted or refused, answers)
-is in one place, to be read against the spec; the transport is wire.py.
+Why one file of ~340 lines: a call's way through the server (session, render, queue, answer) is in one place; the
+fields it accepts are fields.py, streamed answers sse.py, the transport wire.py.
 """
 from __future__ import annotations
 
@@ -38,52 +40,31 @@ import asyncio
 import concurrent.futures as cf
 import json
 import queue
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from rlcore.rollout import chat
+from rlcore.rollout import responses, sse
+from rlcore.rollout.fields import CHAT_FIELDS, COMPLETION_FIELDS, MODEL, APIError, Asked, check, cut
 from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
-from rlcore.rollout.toolcall import PARSERS
+from rlcore.rollout.toolcall import PARSERS, forced_opener
 
-MODEL = "policy"  # the model name the endpoint serves
+ROUTES = {"/chat/completions": "chat", "/completions": "complete", "/responses": "respond"}  # POST route -> method
 RENDERS_KEPT = 4096  # cached chat renders (a step's distinct prompts and tool answers), dropped together when full
 WAIT_S = 3600.0  # longest a request waits for the engine (a rollout always answers or closes the session first)
-# Fields a client may send; whether their values are accepted is checked below.
-CHAT_FIELDS = {"model", "messages", "tools", "tool_choice", "n", "max_tokens", "max_completion_tokens", "stop",
-               "stream", "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty",
-               "repetition_penalty", "logit_bias", "seed", "user", "metadata", "parallel_tool_calls", "logprobs",
-               "top_logprobs"}
-COMPLETION_FIELDS = CHAT_FIELDS - {"messages", "tools", "tool_choice", "parallel_tool_calls"} | {"prompt", "echo"}
-# Values that leave the sampled distribution as the trainer recomputes it.
-NEUTRAL = {"top_p": (1, 1.0), "top_k": (0, -1), "min_p": (0, 0.0), "frequency_penalty": (0, 0.0),
-           "presence_penalty": (0, 0.0), "repetition_penalty": (1, 1.0), "logit_bias": ({},), "n": (1,),
-           "stream": (False,), "echo": (False,), "logprobs": (False,), "top_logprobs": (0,),
-           "tool_choice": ("auto", "none")}
-REFUSED = {"n": "one sample per call: a trajectory is one conversation", "stream": "streaming is not served",
-           "echo": "echo is not served", "logprobs": "logprobs are not returned (the endpoint records them)",
-           "top_logprobs": "logprobs are not returned (the endpoint records them)",
-           "tool_choice": "forcing a call needs constrained decoding, which changes the sampled distribution",
-           "": "it changes the sampled distribution, so the recorded logprobs would differ from the trainer's"}
 
 
 @dataclass
 class Pending:
-    """A call in the engine: its session, the future the rollout loop answers, and sample -> response body."""
+    """A call in the engine: its session, the future the rollout loop answers, sample -> response body, and for
+    a streamed call the body -> its events."""
     session: Session
     future: cf.Future
     respond: Callable[[object], dict]
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    def body(self) -> dict:
-        kind = {401: "authentication_error", 429: "rate_limit_error"}.get(self.status, "invalid_request_error")
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
+    stream: Callable[[dict], sse.Events] | None = None
 
 
 class Endpoint:
@@ -94,6 +75,7 @@ class Endpoint:
                  tool_format: str = "hermes"):
         self.tokenizer, self.temperature, self.max_new_tokens = tokenizer, temperature, max_new_tokens
         self.max_len, self.max_calls, self.parse = max_len, max_calls, PARSERS[tool_format]
+        self.tool_format = tool_format
         self.turn_end = chat.end_of_turn_id(tokenizer) if getattr(tokenizer, "chat_template", None) else None
         # renders are cached by their messages, and the tool_call_ids left out of the key when the template
         # does not write them: a group's trajectories then share their tool answers' renders too
@@ -180,23 +162,25 @@ class Endpoint:
                                code="invalid_api_key")
             if method == "GET" and path.rstrip("/") == "/v1/models":
                 return 200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "rlcore"}]}
-            if method != "POST" or path.rstrip("/") not in ("/v1/chat/completions", "/v1/completions"):
+            route = path.rstrip("/").removeprefix("/v1")
+            if method != "POST" or route not in ROUTES:
                 raise APIError(404, f"no route {method} {path}; this endpoint serves POST /v1/chat/completions, "
-                                    f"POST /v1/completions and GET /v1/models", code="not_found")
+                                    f"POST /v1/completions, POST /v1/responses and GET /v1/models", code="not_found")
             try:
                 req = json.loads(body or b"{}")
             except json.JSONDecodeError as e:
                 raise APIError(400, f"the body is not JSON ({e.msg})") from None
             if not isinstance(req, dict):
                 raise APIError(400, "the body must be a JSON object")
-            return self.chat(s, req) if path.rstrip("/").endswith("chat/completions") else self.complete(s, req)
+            return getattr(self, ROUTES[route])(s, req)
         except APIError as e:
             return self.refused(s, e)
 
     def finish(self, p: Pending, sample) -> tuple[int, dict]:
         """The engine's sample (`sample()` returns it or raises) -> the response body."""
         try:
-            return 200, p.respond(sample())
+            answer = p.respond(sample())
+            return 200, p.stream(answer) if p.stream else answer
         except APIError as e:  # the trajectory ended while the call waited (its session says why already)
             return e.status, e.body()
 
@@ -206,88 +190,76 @@ class Endpoint:
             s.failed = str(e)  # a refused call fails its trajectory (no loss on it); the run goes on
         return e.status, e.body()
 
-    def check(self, req: dict, allowed: set[str]) -> tuple[int, list[int]]:
-        """Refuse what would change the sampled distribution; -> (max_tokens asked, stop token ids)."""
-        for key in req:
-            if key not in allowed:
-                raise APIError(400, f"unsupported parameter '{key}'", param=key, code="unsupported_parameter")
-        if req.get("model") != MODEL:
-            raise APIError(400, f"unknown model {req.get('model')!r}; this endpoint serves '{MODEL}'",
-                           param="model", code="model_not_found")
-        t = req.get("temperature")
-        if t is not None and t != self.temperature:
-            raise APIError(400, f"temperature is pinned to the run's {self.temperature:g} (rollout.temperature): "
-                                f"the trainer recomputes the sampled tokens' logprobs at that temperature",
-                           param="temperature", code="pinned_parameter")
-        for key, ok in NEUTRAL.items():
-            value = req.get(key)
-            # a bool is an int in Python, not in JSON: top_p=true is no 1
-            if value is not None and (value not in ok or isinstance(value, bool) != isinstance(ok[0], bool)):
-                raise APIError(400, f"{key}={json.dumps(value)} is refused: {REFUSED.get(key, REFUSED[''])}; accepted: "
-                                    f"{' or '.join(json.dumps(v) for v in ok)}", param=key, code="refused_parameter")
-        cap = req.get("max_completion_tokens", req.get("max_tokens")) or self.max_new_tokens
-        if not isinstance(cap, int) or cap < 1:
-            raise APIError(400, f"max_tokens must be a whole number >= 1 (got {json.dumps(cap)})", param="max_tokens")
-        stop = req.get("stop") or []
-        stop_ids = []
-        for text in [stop] if isinstance(stop, str) else stop:
-            ids = self.tokenizer.encode(text, add_special_tokens=False) if isinstance(text, str) else []
-            if len(ids) != 1:
-                raise APIError(400, f"stop {json.dumps(text)} is not one token of the model's tokenizer; stops must "
-                                    f"each be one token (the trained tokens end where the engine stopped)",
-                               param="stop")
-            stop_ids.append(ids[0])
-        return cap, stop_ids
-
     def chat(self, s: Session, req: dict) -> Pending:
-        cap, stop_ids = self.check(req, CHAT_FIELDS)
+        asked = check(req, CHAT_FIELDS, self.temperature, self.max_new_tokens)
         messages, tools = req.get("messages"), req.get("tools") or None
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise APIError(400, "messages must be a non-empty list of message objects", param="messages")
+        opener = forced_opener(asked.tool_choice, tools, self.tool_format)
+        effort = req.get("reasoning_effort")
+        template = {"reasoning_effort": effort} if effort is not None else {}
         norm = [normalise(m) for m in messages]
         with self.render_lock:
             try:
-                ids = self._chat_ids(s, messages, norm, tools)
+                ids = self._chat_ids(s, messages, norm, tools, template)
+                forced = self._cached("opener", [{"content": opener}], None,
+                                      lambda: self.tokenizer.encode(opener, add_special_tokens=False)) if opener else []
             except (KeyError, TypeError, ValueError) as e:  # the template rejected the messages
                 raise APIError(400, f"the chat template cannot render these messages: {e}", param="messages") from None
+        first_only = req.get("parallel_tool_calls") is False
 
         def respond(sample) -> dict:
             turn = [t for t in sample.token_ids if t not in self.ends] if sample.finish_reason == "stop" else \
                 sample.token_ids
-            text = self.tokenizer.decode(turn, skip_special_tokens=False)
-            calls, error = self.parse(text) if req.get("tool_choice") != "none" else ([], None)
+            text = cut(opener + self.tokenizer.decode(turn, skip_special_tokens=False), asked.stop)
+            calls, error = self.parse(text) if asked.tool_choice != "none" else ([], None)
             if error:
                 calls = []  # a malformed call comes back as text; the agent sees what the model wrote
             content = text.split("<tool_call>")[0] if calls else text
             tool_calls = [{"id": f"call_{s.index}_{len(s.calls)}_{j}", "type": "function",
                            "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                          for j, c in enumerate(calls)]
+                          for j, c in enumerate(calls[:1] if first_only else calls)]
             message = {"role": "assistant", "content": content or None} | ({"tool_calls": tool_calls} if calls else {})
             ended = sample.finish_reason == "stop" and sample.token_ids and sample.token_ids[-1] == self.turn_end
-            s.last = (norm, normalise(message), tools, ids + list(sample.token_ids)) if ended else None
+            s.last = (norm, normalise(message), (tools, template), ids + forced + list(sample.token_ids)) \
+                if ended else None
             finish = "tool_calls" if calls else sample.finish_reason
             return {"id": f"chatcmpl-{s.index}-{len(s.calls)}", "object": "chat.completion",
                     "created": int(time.time()), "model": MODEL,
                     "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-                    "usage": self.usage(ids, sample)}
-        return self.run(s, ids, cap, stop_ids, respond)
+                    "usage": self.usage(ids + forced, sample)}
+        return self.run(s, ids + forced, asked, respond, sse.chat_chunks)
 
-    def _chat_ids(self, s: Session, messages: list[dict], norm: list[tuple], tools) -> list[int]:
+    def respond(self, s: Session, req: dict) -> Pending:
+        """POST /v1/responses: the chat call it stands for (rlcore.rollout.responses), answered as a response."""
+        chat_req = responses.to_chat(req, s.responses)
+        p = self.chat(s, chat_req)
+        rid, chat_answer = f"resp_{secrets.token_hex(12)}", p.respond
+
+        def respond(sample) -> dict:
+            answer = chat_answer(sample)
+            s.responses[rid] = chat_req["messages"] + [answer["choices"][0]["message"]]
+            return responses.to_response(answer, req, rid)
+        p.respond, p.stream = respond, responses.events if req.get("stream") else None
+        return p
+
+    def _chat_ids(self, s: Session, messages: list[dict], norm: list[tuple], tools, template: dict) -> list[int]:
         """The call's prompt ids: the last call's ids extended by the new messages, or a fresh render. Renders are
         cached by their messages (and tools): a group's G trajectories send the same first messages, and the
         template's output depends on nothing else."""
         if s.last is not None:
             before, reply, last_tools, last_ids = s.last
             k = len(before)
-            if tools == last_tools and len(norm) > k + 1 and norm[:k] == before and norm[k] == reply:
+            if (tools, template) == last_tools and len(norm) > k + 1 and norm[:k] == before and norm[k] == reply:
                 new = [template_message(m) for m in messages[k + 1:]]
                 return last_ids + self._cached("obs", new, None, lambda: chat.observation_ids(self.tokenizer, new))
         whole = [template_message(m) for m in messages]
 
         def render() -> list[int]:
-            ids = self.tokenizer.apply_chat_template(whole, tools=tools, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(whole, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                     **template)
             return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        return self._cached("chat", whole, tools, render)
+        return self._cached("chat", whole, [tools, template] if template else tools, render)
 
     def _cached(self, kind: str, messages: list[dict], tools, render) -> list[int]:
         if not self.ids_rendered:
@@ -301,7 +273,7 @@ class Endpoint:
         return list(ids)
 
     def complete(self, s: Session, req: dict) -> Pending:
-        cap, stop_ids = self.check(req, COMPLETION_FIELDS)
+        asked = check(req, COMPLETION_FIELDS, self.temperature, self.max_new_tokens)
         prompt = req.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
@@ -317,12 +289,13 @@ class Endpoint:
 
         def respond(sample) -> dict:
             return {"id": f"cmpl-{s.index}-{len(s.calls)}", "object": "text_completion", "created": int(time.time()),
-                    "model": MODEL, "choices": [{"index": 0, "text": self.tokenizer.decode(sample.token_ids),
+                    "model": MODEL, "choices": [{"index": 0, "text": cut(self.tokenizer.decode(sample.token_ids),
+                                                                         asked.stop),
                                                  "finish_reason": sample.finish_reason, "logprobs": None}],
                     "usage": self.usage(ids, sample)}
-        return self.run(s, ids, cap, stop_ids, respond)
+        return self.run(s, ids, asked, respond, sse.completion_chunks)
 
-    def run(self, s: Session, ids: list[int], cap: int, stop_ids: list[int], respond) -> Pending:
+    def run(self, s: Session, ids: list[int], asked: Asked, respond, chunks) -> Pending:
         """Queue the call for the rollout loop; the caller waits on the Pending's future for its sample."""
         room = self.max_len - len(ids)
         if room < 1:
@@ -335,12 +308,14 @@ class Endpoint:
             if s.started >= self.max_calls:
                 raise APIError(429, f"call budget spent: {self.max_calls} calls per trajectory (rollout.max_turns)",
                                code="budget_exceeded")
-            request = Request(s.index, s.started, list(ids), min(cap, self.max_new_tokens, room), stop_ids)
+            request = Request(s.index, s.started, list(ids), min(asked.max_tokens, self.max_new_tokens, room),
+                              asked.stop)
             s.started += 1
             s.pending[request.call] = fut
         self.requests.put(request)
         self.wake.set()
-        return Pending(s, fut, respond)
+        stream = (lambda answer: chunks(answer, asked.include_usage)) if asked.stream else None
+        return Pending(s, fut, respond, stream)
 
     @staticmethod
     def usage(ids: list[int], sample) -> dict:

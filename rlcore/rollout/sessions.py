@@ -61,7 +61,7 @@ class Request:
     call: int  # its k-th call
     prompt_ids: list[int]
     max_tokens: int
-    stop_ids: list[int]
+    stop: list[str]  # stop strings: the engine stops where one appears (the tokens that formed it are kept)
 
 
 class Session:
@@ -75,6 +75,7 @@ class Session:
         self.pending: dict[int, cf.Future] = {}
         self.last: tuple | None = None  # (normalised messages, normalised reply, tools, prompt + completion ids)
         self.failed: str | None = None  # the first refusal, or why the trajectory ended early
+        self.responses: dict[str, list[dict]] = {}  # /v1/responses answers by id: the chat messages each ended
         self.closed = False
         self.lock = threading.Lock()
 

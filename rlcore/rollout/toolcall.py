@@ -217,6 +217,36 @@ PARSERS: dict[str, Callable[[str], tuple[list[ToolCall], str | None]]] = {
     "hermes": parse_hermes, "llama3": parse_llama3, "mistral": parse_mistral}
 
 
+# A forced call (tool_choice "required", or one function named) is the format's call opener written after the
+# generation prompt, as prompt tokens the model did not sample (no loss on them); the model writes the rest of
+# the call itself, from the distribution the trainer recomputes. Named: the opener and the function's name.
+OPENERS = {"hermes": ("<tool_call>\n", '<tool_call>\n{{"name": {name}, "arguments": '),
+           "llama3": ('{"name": "', '{{"name": {name}, "parameters": '),
+           "mistral": ("[TOOL_CALLS]", '[TOOL_CALLS][{{"name": {name}, "arguments": ')}
+
+
+def forced_opener(tool_choice, tools: list | None, format: str) -> str:
+    """The text a request's tool_choice writes after the generation prompt: "" for "auto" and "none"; raises
+    rlcore.rollout.fields.APIError (a 400) for a choice that names no declared function."""
+    from rlcore.rollout.fields import APIError
+
+    if tool_choice in ("auto", "none"):
+        return ""
+    names = [t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict)]
+    if tool_choice == "required":
+        if not names:
+            raise APIError(400, 'tool_choice="required" needs tools', param="tool_choice")
+        return OPENERS[format][0]
+    name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
+    if not isinstance(name, str):
+        raise APIError(400, f'tool_choice must be "auto", "none", "required" or {{"type": "function", "function": '
+                            f'{{"name": ...}}}} (got {brief(json.dumps(tool_choice))})', param="tool_choice")
+    if name not in names:
+        raise APIError(400, f"tool_choice names the function {brief(name)!r}, which is not in tools "
+                            f"({', '.join(map(str, names)) or 'none declared'})", param="tool_choice")
+    return OPENERS[format][1].format(name=json.dumps(name))
+
+
 def parse(format: str, text: str) -> tuple[list[ToolCall], str | None]:
     """PARSERS[format](text) for any text: whatever a parser still raises on it becomes the error string."""
     try:

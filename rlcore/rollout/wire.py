@@ -18,6 +18,8 @@ from openai.resources.completions import AsyncCompletions
 from openai.types import Completion
 from openai.types.chat import ChatCompletion
 
+from rlcore.rollout.sse import Events
+
 
 def serve(endpoint) -> ThreadingHTTPServer:
     """The HTTP server of `endpoint` (a rlcore.rollout.endpoint.Endpoint) on 127.0.0.1, a random port, answering
@@ -43,10 +45,20 @@ class InProcess(httpx2.AsyncBaseTransport):
         return response(status, payload, request)
 
 
-def response(status: int, payload: dict, request: httpx2.Request) -> httpx2.Response:
+def encoded(status: int, payload) -> tuple[dict, bytes]:
+    """The endpoint's answer (a JSON body, or a streamed answer's Events) -> headers and bytes, as both ways in
+    send them."""
+    events = isinstance(payload, Events)
+    headers = {"Content-Type": "text/event-stream" if events else "application/json"}
+    if status >= 400:
+        headers["x-should-retry"] = "false"  # a refusal or a spent budget: a retry gets the same answer
+    return headers, payload.encode() if events else json.dumps(payload).encode()
+
+
+def response(status: int, payload, request: httpx2.Request) -> httpx2.Response:
     """The endpoint's answer as an httpx response, with the HTTP server's headers."""
-    headers = {"Content-Type": "application/json"} | ({"x-should-retry": "false"} if status >= 400 else {})
-    return httpx2.Response(status, headers=headers, content=json.dumps(payload).encode(), request=request)
+    headers, data = encoded(status, payload)
+    return httpx2.Response(status, headers=headers, content=data, request=request)
 
 
 class _Server(ThreadingHTTPServer):
@@ -67,12 +79,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         status, payload = self.server.endpoint.handle(method, self.path, self.headers.get("Authorization", ""), body)
-        data = json.dumps(payload).encode()
+        headers, data = encoded(status, payload)
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status >= 400:
-            self.send_header("x-should-retry", "false")  # a refusal or a spent budget: a retry gets the same answer
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))  # a streamed answer too: its events are all there
         self.end_headers()
         self.wfile.write(data)
 
@@ -144,7 +155,7 @@ class Client(AsyncOpenAI):
 def plain(kwargs: dict, needs: str) -> bytes | None:
     """The JSON body of a create call's keyword arguments, or None when the openai client must build it: an
     option of its own (extra_headers / extra_body / extra_query), a value that is neither JSON nor a pydantic
-    object, or a required argument missing."""
+    object, a required argument missing, or a streamed call (the client parses the events)."""
     body = {}
     for key, value in kwargs.items():
         if isinstance(value, (Omit, NotGiven)) or key == "timeout":  # in process, as through InProcess, no call
@@ -152,7 +163,7 @@ def plain(kwargs: dict, needs: str) -> bytes | None:
         if key.startswith("extra_"):
             return None
         body[key] = value
-    if "model" not in body or needs not in body:
+    if "model" not in body or needs not in body or body.get("stream"):  # a stream: the client reads events
         return None
     try:
         return json.dumps(body, default=_model).encode()

@@ -42,9 +42,9 @@ class Recorder:
     def __init__(self, engine):
         self.engine, self.log = engine, []
 
-    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None):
-        self.log.append(["add", rid, list(prompt), max_tokens, seed])
-        self.engine.submit(rid, prompt, max_tokens, temperature, seed, stop_token_ids)
+    def submit(self, rid, prompt, max_tokens, temperature, seed, stop_token_ids=None, stop=None):
+        self.log.append(["add", rid, list(prompt), max_tokens, seed] + ([list(stop)] if stop else []))
+        self.engine.submit(rid, prompt, max_tokens, temperature, seed, stop_token_ids, stop)
 
     def step(self):
         out = self.engine.step()
@@ -120,9 +120,36 @@ for k in range(2):
              for i, r in enumerate(rows[:4])]
     st = agents.rollout(engine, endpoint, library_agent, again, 1.0, 60.0, 64, tp_rank, tp_group)
     library.append([st.failed, st.first_error])
+
+
+# What agent frameworks send, on the real engine: a stop string of several tokens, a forced call, a streamed answer.
+# The engine's own stop (vLLM's detokenizer) ends the call; the endpoint records the tokens as sampled.
+api = {}
+
+
+async def api_agent(client, row):
+    user = [{"role": "user", "content": row["prompt"]}]
+    kind = ("stop", "required", "stream")[row["i"] % 3]
+    if kind == "stream":
+        chunks = [c async for c in await client.chat.completions.create(
+            model=MODEL, messages=user, tools=recipe.TOOLS, stream=True, stream_options={"include_usage": True})]
+        calls = [t.function.name for c in chunks for ch in c.choices for t in ch.delta.tool_calls or []]
+        api[row["i"]] = [kind, calls, chunks[-1].usage.completion_tokens]
+    else:
+        extra = {"stop": ['"b"']} if kind == "stop" else {"tool_choice": "required"}
+        r = await client.chat.completions.create(model=MODEL, messages=user, tools=recipe.TOOLS, **extra)
+        api[row["i"]] = [kind, [t.function.name for t in r.choices[0].message.tool_calls or []],
+                         r.choices[0].message.content, r.choices[0].finish_reason]
+    return 1.0
+
+
+api_trajs = [Trajectory(tooladd.prompt_ids(tokenizer, r["prompt"]), r | {"i": i}, seed=9000 + i, owner=i % 2)
+             for i, r in enumerate(rows[:6])]
+api_rec = Recorder(engine)
+api_stats = agents.rollout(api_rec, endpoint, api_agent, api_trajs, 1.0, 60.0, 64, tp_rank, tp_group)
 endpoint.shutdown()
 mine = [x for x in trajs if x.owner == tp_rank]
-batch = to_batch(mine, tokenizer.pad_token_id, 1, 32)
+batch = to_batch(mine + [x for x in api_trajs if x.owner == tp_rank], tokenizer.pad_token_id, 1, 32)
 with torch.no_grad():
     # rows of two sequences (the rewriters') carry restarting positions, as the trainer's forwards pass them
     mask = batch.attention_mask if batch.position_ids is None else None
@@ -133,7 +160,8 @@ result = {"calls": rec.log, "diff": ((trainer - batch.rollout_logprobs).abs() * 
           "rewritten": stats.rewritten, "failed": stats.failed, "calls_n": stats.calls,
           "starts": {x.row["i"]: x.starts for x in mine}, "turn_lens": {x.row["i"]: [len(t) for t in x.turns] for x in mine},
           "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine},
-          "library": library}
+          "library": library, "api_calls": api_rec.log, "api_failed": api_stats.failed, "api": api,
+          "api_tokens": {x.row["i"]: [tokenizer.decode(x.tokens), x.sampled, len(x.prompt_ids)] for x in api_trajs}}
 everything = [None] * dist.get_world_size()
 dist.all_gather_object(everything, result)
 if dist.get_rank() == 0:

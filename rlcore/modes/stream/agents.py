@@ -136,7 +136,7 @@ class AgentTurns(Turns):
         x, rid = self.flying[key], f"s{key[0]}.{key[1]}.{r.call}"
         self.live[rid], self.requests[rid] = key, r
         self.run.engine.submit(rid, r.prompt_ids, r.max_tokens, self.temperature,
-                               turn_seed(x.seed, r.call) if self.temperature > 0 else None, r.stop_ids)
+                               turn_seed(x.seed, r.call) if self.temperature > 0 else None, stop=r.stop)
 
     def end(self, key: Key, outcome: dict) -> None:
         """The agent returned (or failed): its calls still in the engine are aborted, its session closed, and its
