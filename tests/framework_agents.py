@@ -1,8 +1,10 @@
-"""recipes/tooladd_agent.py's agent written with LangChain, for real runs (`rollout.agent=tests/framework_agents.py:
-langchain_ainvoke`, or `:langchain_astream`): the same tools and messages, so the same prompts the warm start saw,
-sent by LangChain's own client over the rank's loopback HTTP server."""
+"""recipes/tooladd_agent.py with its agent written with LangChain (ainvoke or astream), or with stream=True, for real
+runs: `recipe=tests/framework_agents.py` with AGENT=langchain_ainvoke (the default), langchain_astream or
+openai_streamed in the environment. The same tools and messages, so the same prompts the warm start saw; LangChain
+sends them with its own client over the rank's loopback HTTP server."""
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 from langchain_core.messages import HumanMessage, ToolMessage
@@ -68,3 +70,9 @@ async def openai_streamed(client, row) -> float:
         messages += [{"role": "assistant", "content": content or None, "tool_calls": [call]},
                      {"role": "tool", "tool_call_id": call["id"], "content": result}]
     return 0.0
+
+
+def config():
+    cfg = recipe.config()
+    cfg.rollout.agent = globals()[os.environ.get("AGENT", "langchain_ainvoke")]
+    return cfg

@@ -73,17 +73,22 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("agent", ["openai", "langchain"])
 @pytest.mark.parametrize("mode", ["colocated", "split", "stream"])
-def test_tooladd_agent_learns(tmp_path, mode):
+def test_tooladd_agent_learns(tmp_path, mode, agent):
     """The openai-client agent on the tool task: held-out greedy accuracy +30 points by the demo's bar, no agent
     failing, the model's calls parsed into tool_calls; colocated and split k=1, the engine's logprobs equal to the
     trainer's. Streaming (k=1, lockstep) on two engines (3 ranks: each engine's first rank runs its own agents and
     endpoint, each streams half of every batch): a trajectory's calls span versions, no token more than 1 version
-    old, and the probe after every in-flight load within 1e-3 (the per-token logprobs differ by the staleness)."""
+    old, and the probe after every in-flight load within 1e-3 (the per-token logprobs differ by the staleness).
+    The same agent written with LangChain (tests/framework_agents.py: ChatOpenAI.bind_tools, ainvoke colocated and
+    streaming, astream split) over the loopback HTTP server learns the same way, on the run's one event loop."""
     modes = {"split": ["rollout.ranks=1"],
              "stream": ["rollout.ranks=2", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
-    proc = train_warm("recipe=tooladd_agent", f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8",
-                     *modes.get(mode, []), nproc=3 if mode == "stream" else 2)
+    langchain = {"colocated": "langchain_ainvoke", "split": "langchain_astream", "stream": "langchain_ainvoke"}
+    recipe = f"recipe={ROOT / 'tests' / 'framework_agents.py'}" if agent == "langchain" else "recipe=tooladd_agent"
+    proc = train_warm(recipe, f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8", *modes.get(mode, []),
+                      nproc=3 if mode == "stream" else 2, env={"AGENT": langchain[mode]})
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "tooladd_agent" / "metrics.jsonl").read_text().splitlines()]
     start, end = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]

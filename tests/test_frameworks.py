@@ -93,4 +93,6 @@ def test_smolagents_forces_its_calls_and_stops_on_its_strings(tok):
         assert stats.failed == 0, stats.first_error
         adds = [c for c in engine.calls if c[0] == "add"]
         assert adds and all(c[5] == ["Observation:", "Calling tools:"] for c in adds[:2])
+        opener = tok.encode("<tool_call>\n", add_special_tokens=False)  # tool_choice="required", as prompt tokens
+        assert all(c[2][-len(opener):] == opener for c in adds[:2])
         assert all(sum(x.sampled) > 0 for x in trajs)
