@@ -35,8 +35,8 @@ import common  # noqa: E402
 CONTENDERS = {"environment": ["recipe=tooladd", "rollout.schedule=continuous"],
               "endpoint": ["recipe=tooladd_agent"],
               # the same agent with stream=True, and written with LangChain (its own client, loopback HTTP)
-              "endpoint streamed": ["recipe=tooladd_agent", "rollout.agent=tests/framework_agents.py:openai_streamed"],
-              "langchain": ["recipe=tooladd_agent", "rollout.agent=tests/framework_agents.py:langchain_ainvoke"]}
+              "endpoint streamed": ["recipe=tests/framework_agents.py", "AGENT=openai_streamed"],
+              "langchain": ["recipe=tests/framework_agents.py", "AGENT=langchain_ainvoke"]}
 WORKLOADS = {"tool task": [],
              "long calls": ["model.path={random}", "rollout.max_new_tokens=64", "rollout.max_total_tokens=64",
                             "rollout.max_turns=1"]}
@@ -59,15 +59,16 @@ def random_start(out: Path) -> Path:
 
 def run(name: str, workload: str, steps: int, out: Path, random: Path) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(common.ROOT / "launch" / "train.py"), *CONTENDERS[name],
+           str(common.ROOT / "launch" / "train.py"), *(o for o in CONTENDERS[name] if not o.startswith("AGENT=")),
            *(o.format(random=random) for o in WORKLOADS[workload]), f"output_dir={out}", f"train.steps={steps}",
            f"train.eval_every={steps + 1}"]
-    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(common.ROOT)}
+    env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(common.ROOT)} | \
+        dict(o.split("=", 1) for o in CONTENDERS[name] if o.startswith("AGENT="))
     proc = subprocess.run(cmd, cwd=common.ROOT, env=env, capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"{name} failed:\n{proc.stderr[-3000:]}")
-    recipe = CONTENDERS[name][0].split("=")[1]  # the run's folder: the recipe's name
-    rows = [json.loads(line) for line in (out / recipe / "metrics.jsonl").read_text().splitlines()]
+    (run_dir,) = [d for d in out.iterdir() if d.is_dir()]  # the run's folder, named by its recipe's config
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "time/rollout_s" in r][1:]
     return {"rollout_s": common.median(r["time/rollout_s"] for r in rows),
             "tokens": common.median(r["tokens/generated"] for r in rows),
