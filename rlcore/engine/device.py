@@ -55,16 +55,23 @@ def redo_cpu_weight_processing(model: torch.nn.Module) -> None:
 def remove_stale_cpu_shm() -> None:
     """CPU tensor parallelism: vLLM's shared-memory segments have fixed names under the external
     launcher (/dev/shm/-tp:0-[0-1]-cpushm_0, ...), so one left by a killed run makes the next engine
-    fail with "create shm in SHMManager failed. errno: 17". Remove those no live process maps."""
+    fail with "create shm in SHMManager failed. errno: 17". Remove those no live process maps: by inode, since a
+    process may still map an earlier, unlinked file of the same name (its maps say "... (deleted)")."""
     shm = Path("/dev/shm")
-    stale = set(shm.glob("-tp:*-cpushm_*")) if shm.is_dir() else set()
+    stale = {}
+    for p in shm.glob("-tp:*-cpushm_*") if shm.is_dir() else []:
+        try:
+            stale[p] = p.stat().st_ino
+        except FileNotFoundError:  # removed while we looked
+            pass
     dist.barrier()  # every rank looks before any rank's engine creates a new segment
     for maps in Path("/proc").glob("[0-9]*/maps") if stale else []:
         try:
-            text = maps.read_text()
+            lines = maps.read_text().splitlines()
         except OSError:  # the process ended while we looked, or is not ours to read
             continue
-        stale = {p for p in stale if str(p) not in text}
+        mapped = {int(f[4]) for f in (line.split(maxsplit=5) for line in lines) if len(f) == 6 and "cpushm" in f[5]}
+        stale = {p: ino for p, ino in stale.items() if ino not in mapped}
     if dist.get_rank() == 0:
         for path in stale:
             path.unlink(missing_ok=True)
