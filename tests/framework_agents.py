@@ -1,7 +1,8 @@
-"""recipes/tooladd_agent.py with its agent written with LangChain (ainvoke or astream), or with stream=True, for real
-runs: `recipe=tests/framework_agents.py` with AGENT=langchain_ainvoke (the default), langchain_astream or
-openai_streamed in the environment. The same tools and messages, so the same prompts the warm start saw; LangChain
-sends them with its own client over the rank's loopback HTTP server."""
+"""recipes/tooladd_agent.py with its agent written with a framework, for real runs: `recipe=tests/framework_agents.py`
+with AGENT in the environment. LangChain (langchain_ainvoke, the default, and langchain_astream) and the openai
+client streaming (openai_streamed) send the recipe's own tools and messages, so the prompts the warm start saw;
+LangChain over the rank's loopback HTTP server. The OpenAI Agents SDK (agents_responses, agents_chat) and smolagents
+(smolagents_tools) send their own system prompts and tool schemas: they get a long-context copy of the warm start."""
 import importlib.util
 import json
 import os
@@ -73,6 +74,83 @@ async def openai_streamed(client, row) -> float:
 
 
 def config():
+    """recipes/tooladd_agent.py with AGENT's agent; a framework's own prompts get the long-context copy of the warm
+    start, a short batch and one call more per trajectory."""
     cfg = recipe.config()
-    cfg.rollout.agent = globals()[os.environ.get("AGENT", "langchain_ainvoke")]
+    name = os.environ.get("AGENT", "langchain_ainvoke")
+    cfg.rollout.agent = globals()[name]
+    if name in FRAMEWORKS:
+        cfg.model.path = str(long_context_model())
+        cfg.rollout.max_model_len = LONG if name == "smolagents_tools" else 1024
+        cfg.rollout.max_turns = 4
+        cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 4, 24
+        cfg.data.eval_path = ""
     return cfg
+
+
+# ---- the frameworks' own prompts: the Agents SDK (~400 tokens a call here) and smolagents (~4,000) -------------
+
+LONG = 8192  # the model's context for them: the warm start's weights with max_position_embeddings raised (RoPE)
+
+
+def long_context_model() -> Path:
+    """The tool task's warm start with a context of LONG tokens, built once beside it (every rank may try: the
+    folder appears whole, by a rename)."""
+    import shutil
+    import tempfile
+
+    from rlcore.tasks import tooladd
+    tooladd.prepare()
+    target = tooladd.model_dir().parent / f"model-context{LONG}"
+    if not target.exists():
+        tmp = Path(tempfile.mkdtemp(dir=target.parent))
+        shutil.copytree(tooladd.model_dir(), tmp / "m")
+        config = json.loads((tmp / "m" / "config.json").read_text())
+        (tmp / "m" / "config.json").write_text(json.dumps(config | {"max_position_embeddings": LONG}))
+        try:
+            (tmp / "m").rename(target)
+        except OSError:  # another rank's copy is there already
+            pass
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+async def agents_responses(client, row) -> float:
+    """The OpenAI Agents SDK with its default model (the Responses API)."""
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+    set_tracing_disabled(True)
+    model = OpenAIResponsesModel(model="policy", openai_client=client)
+    result = await Runner.run(Agent(name="adder", tools=[function_tool(add)], model=model), row["prompt"], max_turns=3)
+    return float(str(result.final_output).strip() == row["answer"])
+
+
+async def agents_chat(client, row) -> float:
+    """The OpenAI Agents SDK over chat completions (OpenAIChatCompletionsModel)."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    set_tracing_disabled(True)
+    model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
+    result = await Runner.run(Agent(name="adder", tools=[function_tool(add)], model=model), row["prompt"], max_turns=3)
+    return float(str(result.final_output).strip() == row["answer"])
+
+
+async def smolagents_tools(client, row) -> float:
+    """smolagents' ToolCallingAgent (tool_choice="required", stop strings), synchronous: in a thread."""
+    import asyncio
+
+    from smolagents import OpenAIServerModel, ToolCallingAgent, tool
+    model = OpenAIServerModel(model_id="policy", api_base=str(client.base_url), api_key=client.api_key)
+    runner = ToolCallingAgent(tools=[tool(add)], model=model, max_steps=2, verbosity_level=-1)
+    return float(str(await asyncio.to_thread(runner.run, row["prompt"])).strip() == row["answer"])
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+FRAMEWORKS = {"agents_responses", "agents_chat", "smolagents_tools"}

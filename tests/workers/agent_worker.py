@@ -136,7 +136,8 @@ async def api_agent(client, row):
         calls = [t.function.name for c in chunks for ch in c.choices for t in ch.delta.tool_calls or []]
         api[row["i"]] = [kind, calls, chunks[-1].usage.completion_tokens]
     else:
-        extra = {"stop": ['"b"']} if kind == "stop" else {"tool_choice": "required"}
+        # every digit stops it: an answer starts with one, a tool call holds one after several tokens
+        extra = {"stop": list("0123456789")} if kind == "stop" else {"tool_choice": "required"}
         r = await client.chat.completions.create(model=MODEL, messages=user, tools=recipe.TOOLS, **extra)
         api[row["i"]] = [kind, [t.function.name for t in r.choices[0].message.tool_calls or []],
                          r.choices[0].message.content, r.choices[0].finish_reason]
@@ -161,7 +162,8 @@ result = {"calls": rec.log, "diff": ((trainer - batch.rollout_logprobs).abs() * 
           "starts": {x.row["i"]: x.starts for x in mine}, "turn_lens": {x.row["i"]: [len(t) for t in x.turns] for x in mine},
           "sampled": {x.row["i"]: x.sampled for x in mine}, "turns": {x.row["i"]: len(x.turns) for x in mine},
           "library": library, "api_calls": api_rec.log, "api_failed": api_stats.failed, "api": api,
-          "api_tokens": {x.row["i"]: [tokenizer.decode(x.tokens), x.sampled, len(x.prompt_ids)] for x in api_trajs}}
+          "api_tokens": {x.row["i"]: [tokenizer.decode(x.tokens), x.sampled, x.prompt_ids[-2:]] for x in api_trajs},
+          "opener": tokenizer.encode("<tool_call>\n", add_special_tokens=False)}
 everything = [None] * dist.get_world_size()
 dist.all_gather_object(everything, result)
 if dist.get_rank() == 0:

@@ -74,6 +74,7 @@ def run(request: dict, out: Path, err: Path) -> int:
         gc.collect()
         if dist.is_initialized():
             leave_process_groups()
+        unlink_own_cpu_shm()
     except BaseException:
         traceback.print_exc()
         code = code or 1
@@ -92,6 +93,17 @@ def run(request: dict, out: Path, err: Path) -> int:
         if name.startswith("rlcore_recipe_") or (file and not file.startswith(OURS)):
             del sys.modules[name]
     return code
+
+
+def unlink_own_cpu_shm() -> None:
+    """vLLM's CPU tensor-parallel segments (/dev/shm/-tp:0-[0-1]-cpushm_0, ...) stay mapped in this process after its
+    engine is gone, under names a new launch's first TP=2 engine uses too: one this process maps is no stale one to
+    that engine (rlcore.engine.device.remove_stale_cpu_shm), and its creation would fail (errno 17). The names go
+    now; the mappings, unused, stay until the job ends."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split(maxsplit=5)[-1]
+        if path.startswith("/dev/shm/") and "cpushm" in path and not path.endswith("(deleted)"):
+            Path(path).unlink(missing_ok=True)
 
 
 def serve(folder: Path) -> int:
