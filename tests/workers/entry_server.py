@@ -13,17 +13,15 @@ import json
 import os
 import socket
 import sys
-import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "launch"))
 import train as entry  # noqa: E402  (launch/train.py)
 
+from warm import exit_code, isolated  # noqa: E402  (tests/workers/warm.py)
+
 answers = os.fdopen(os.dup(1), "w")  # the real stdout: a request's own prints are captured below
-# Where rlcore, its tests and every installed library live: modules from anywhere else are a request's own
-# (a test's recipe or reward file in its tmp_path) and are dropped after it, never a library's.
-OURS = (str(ROOT), sys.prefix, sys.base_prefix)
 
 
 def free_port() -> int:
@@ -34,25 +32,10 @@ def free_port() -> int:
 
 for line in sys.stdin:
     request = json.loads(line)
-    env, path, modules = dict(os.environ), list(sys.path), set(sys.modules)
-    os.environ.update(request.get("env", {}))
-    os.environ["MASTER_PORT"] = str(free_port())  # a fresh rendezvous per run, as a new process would pick
-    sys.path[:0] = request.get("path", [])
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = entry.main(request["argv"])
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-        except BaseException:  # what would have been an uncaught exception: a traceback and exit 1
-            traceback.print_exc()
-            code = 1
-    os.environ.clear()
-    os.environ.update(env)
-    sys.path[:] = path
-    for name in set(sys.modules) - modules:  # the user's own modules (recipes, rewards) go; libraries stay
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if name.startswith("rlcore_recipe_") or (file and not file.startswith(OURS)):
-            del sys.modules[name]
+    # a fresh rendezvous per run, as a new process would pick
+    with isolated(request.get("env", {}) | {"MASTER_PORT": str(free_port())}, request.get("path", [])):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = exit_code(lambda: entry.main(request["argv"]))
     answers.write(json.dumps({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}) + "\n")
     answers.flush()

@@ -18,7 +18,6 @@ import os
 import runpy
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import torch.distributed as dist
@@ -28,11 +27,7 @@ sys.path.insert(0, str(ROOT / "launch"))
 import train as entry  # noqa: E402  (launch/train.py)
 
 from rlcore.engine.rollout_engine import leave_process_groups  # noqa: E402
-
-# Where rlcore, its tests and every installed library live: modules from anywhere else are a run's own (a test's
-# recipe or reward file in its tmp_path) and are dropped after it, never a library's.
-OURS = (str(ROOT), sys.prefix, sys.base_prefix)
-
+from warm import exit_code, isolated  # noqa: E402  (tests/workers/warm.py)
 
 def wait_for(path: Path) -> dict:
     while not path.exists():
@@ -41,58 +36,46 @@ def wait_for(path: Path) -> dict:
 
 
 def run(request: dict, out: Path, err: Path) -> int:
-    """main(argv) with the request's environment and import path, fds 1 and 2 in `out` and `err`; all put back
-    after."""
-    env, path, argv, modules = dict(os.environ), list(sys.path), list(sys.argv), set(sys.modules)
-    os.environ.update(request.get("env", {}))
+    """main(argv), or the request's worker script, with the request's environment and import path (tests/workers/
+    warm.py), fds 1 and 2 in `out` and `err`; all put back after."""
     # A fresh rendezvous per run, as a new launch has: torchrun's own store would hand this run the previous run's
     # process-group addresses (the group names restart at 0 after destroy_process_group).
-    os.environ.update(TORCHELASTIC_USE_AGENT_STORE="False", MASTER_PORT=str(request["port"]))
-    sys.path[:0] = request.get("path", [])
+    env = request.get("env", {}) | {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(request["port"])}
+    path = request.get("path", []) + ([str(Path(request["script"]).parent)] if "script" in request else [])
     saved = os.dup(1), os.dup(2)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(out, "w") as o, open(err, "w") as e:
-        os.dup2(o.fileno(), 1)
-        os.dup2(e.fileno(), 2)
-    try:
-        if "script" in request:  # a test's worker script, as `torchrun script argv` would run it
-            sys.argv = [request["script"], *request["argv"]]
-            sys.path.insert(0, str(Path(request["script"]).parent))
-            runpy.run_path(request["script"], run_name="__main__")
-            code = 0
-        else:
-            code = entry.main(request["argv"])
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # what would have been an uncaught exception: a traceback and exit 1
-        traceback.print_exc()
-        code = 1
-    try:
-        # The run's garbage goes now, engines included: vLLM's shutdown of an engine destroys the process groups it
-        # finds, which must be this run's (gone already, or left by a worker script), never the next run's.
-        gc.collect()
-        if dist.is_initialized():
-            leave_process_groups()
-        unlink_own_cpu_shm()
-    except BaseException:
-        traceback.print_exc()
-        code = code or 1
-    finally:
+    with isolated(env, path):
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-    os.environ.clear()
-    os.environ.update(env)
-    sys.path[:], sys.argv[:] = path, argv
-    for name in set(sys.modules) - modules:  # the user's own modules (recipes, rewards) go; libraries stay
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if name.startswith("rlcore_recipe_") or (file and not file.startswith(OURS)):
-            del sys.modules[name]
+        with open(out, "w") as o, open(err, "w") as e:
+            os.dup2(o.fileno(), 1)
+            os.dup2(e.fileno(), 2)
+        try:
+            code = exit_code(lambda: script(request) if "script" in request else entry.main(request["argv"]))
+            # The run's garbage goes now, engines included: vLLM's shutdown of an engine destroys the process groups
+            # it finds, which must be this run's (gone already, or left by a worker script), never the next run's.
+            cleaned = exit_code(cleanup)
+            code = code or cleaned
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
     return code
+
+
+def script(request: dict) -> None:
+    """A test's worker script, as `torchrun script argv` would run it."""
+    sys.argv = [request["script"], *request["argv"]]
+    runpy.run_path(request["script"], run_name="__main__")
+
+
+def cleanup() -> None:
+    gc.collect()
+    if dist.is_initialized():
+        leave_process_groups()
+    unlink_own_cpu_shm()
 
 
 def unlink_own_cpu_shm() -> None:
