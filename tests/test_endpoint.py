@@ -5,6 +5,7 @@ import asyncio
 import json
 import random
 import re
+import threading
 
 import openai
 import pytest
@@ -477,24 +478,36 @@ def test_completions_take_text_or_token_ids_and_ids_extend_the_sequence(tok):
     assert adds[1][2][:len(adds[0][2]) + len(engine_out[0])] == adds[0][2] + engine_out[0]
 
 
-def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok):
+def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok, monkeypatch):
     """Agents that start at different moments (0-30 ms) make their first calls one by one: the rollout holds
     them until every agent has called (agents.GATHER_S at most), so the first engine step runs all of them
-    together instead of a sliver of the batch; an agent still busy past GATHER_S does not hold the rest."""
+    together instead of a sliver of the batch; an agent still busy past GATHER_S does not hold the rest.
+    GATHER_S is 2 s here so that a loaded machine's slow first calls still arrive within it; the busy agent
+    waits for the first engine step, so the test does not depend on how long anything takes."""
+    monkeypatch.setattr(agents, "GATHER_S", 2.0)
+    stepped = threading.Event()
+
     class Logged(StepEngine):
         def step(self):
             self.calls.append(("step",))
+            stepped.set()
             return super().step()
 
     async def late(client, row):
-        await asyncio.sleep(random.Random(row["prompt"]).random() * 0.03 if row["prompt"] != "slow" else 1.0)
+        if row["prompt"] == "slow":
+            await asyncio.to_thread(stepped.wait, 30.0)
+        else:
+            await asyncio.sleep(random.Random(row["prompt"]).random() * 0.03)
         return await tool_agent(client, row | {"prompt": row["prompt"].replace("slow", "11+11=")})
     rows = [{"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i)} for i in range(8)]
-    for extra, first in (([], 8), ([{"prompt": "slow", "answer": "22"}], 8)):
+    for extra in ([], [{"prompt": "slow", "answer": "22"}]):
+        stepped.clear()
         trajs, stats, engine, _ = run(tok, late, rows + extra, engine=Logged(tok), workers=16)
         assert stats.failed == 0 and all(x.env_reward == 1.0 for x in trajs)
         kinds = [c[0] for c in engine.calls]
-        assert kinds.index("step") == first  # the 8 first calls, then the first step (the slow one joins later)
+        # the 8 first calls, then the first step; the busy agent calls only after it (had the rollout waited for
+        # it, its call would come before the first step, at 30 s)
+        assert kinds.index("step") == 8
 
 
 # ---- agents in streaming (rlcore/modes/stream/agents.py) ---------------------------------------------------------

@@ -73,9 +73,21 @@ def script(request: dict) -> None:
 
 def cleanup() -> None:
     gc.collect()
+    shut_engines()
     if dist.is_initialized():
         leave_process_groups()
     unlink_own_cpu_shm()
+
+
+def shut_engines() -> None:
+    """An engine still reachable after its run would be shut down whenever the collector next finds it, maybe in the
+    middle of the next run, and vLLM's shutdown destroys the process groups it finds then: the next run's (CI saw
+    "world group is not initialized" so). An import made while an engine starts can fail inside a library that
+    keeps the error: its traceback keeps the finished frames of that start, and they keep the engine. Each engine still
+    alive is shut down now, with its own finalizer, while the groups it finds are this run's."""
+    for o in gc.get_objects():
+        if type(o).__name__ == "InprocClient" and getattr(o, "_finalizer", None) is not None and o._finalizer.alive:
+            o._finalizer()
 
 
 def unlink_own_cpu_shm() -> None:
