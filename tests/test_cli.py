@@ -172,6 +172,7 @@ def test_override_parses_by_type(cfg, override, get, expected):
 
 @pytest.mark.parametrize("override, message", [
     ("train.steps=1.5", "config key 'train.steps' expects int, got '1.5'"),
+    ("rollout.load_lag_steps=soon", "config key 'rollout.load_lag_steps' expects int or one of auto, got 'soon'"),
     ("optim.lr=abc", "config key 'optim.lr' expects float, got 'abc'"),
     ("model.activation_checkpointing=maybe",
      "config key 'model.activation_checkpointing' expects bool, got 'maybe'"),

@@ -10,6 +10,7 @@ the same numbers and export the same bytes, and SIGTERM mid-run checkpoints, exi
 """
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ import time
 import pytest
 import torch
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm
 from test_split import learned, metrics, split_config
 
 STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2")
@@ -36,6 +37,19 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
     (["rollout.stream=false", "rollout.free_loads=true"],
      "rollout.free_loads=true is a way of streaming: set rollout.stream=true (or free_loads=false)"),
+    (["rollout.load_lag_steps=-1"], "rollout.load_lag_steps must be a whole number of engine steps >= 0, or auto "
+                                    "(got -1)"),
+    # the demo: 1 batch ahead x 32 prompt groups x 8 new tokens; a tool's turns wait join_steps=2 each
+    (["rollout.load_lag_steps=257"], "rollout.load_lag_steps=257 can never be reached: after a hand-over an engine "
+     "has at most 256 engine steps of work it may run (1 batch(es) ahead (max_staleness) x 32 prompt groups x 8 steps "
+     "per trajectory), then loads; valid: 0 to 256, or auto"),
+    (["rollout.load_lag_steps=769", "rollout.env=rlcore.tasks.calculator:CalculatorEnv"],
+     "rollout.load_lag_steps=769 can never be reached: after a hand-over an engine has at most 768 engine steps of "
+     "work it may run (1 batch(es) ahead (max_staleness) x 32 prompt groups x 24 steps per trajectory), then loads; "
+     "valid: 0 to 768, or auto"),
+    (["rollout.load_lag_steps=4", "rollout.free_loads=true"],
+     "rollout.load_lag_steps=4 places the deterministic load point, and rollout.free_loads=true loads each version "
+     "on arrival instead; valid there: load_lag_steps=auto (or free_loads=false)"),
 ])
 def test_bad_stream_settings(overrides, says):
     from rlcore.config import validate
@@ -174,20 +188,29 @@ def test_lockstep_answers_join_at_fixed_engine_steps():
 
 @pytest.mark.slow
 def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
-    """k=1, checkpoints every 2 steps, an export every step. Run A's trainer sleeps 0.3 s a step (the engine waits
-    at its loads); run B's engine sleeps 0.05 s a step (the trainer waits for batches), and its trainer rank is
-    killed in step 3 and resumed from step 2. A and B log the same numbers and export the same bytes: versions
-    load at engine steps fixed by the data, not by arrival. Every token is at most k=1 version old, samples span
+    """k=1, each version loaded 3 engine steps after its batch's hand-over (rollout.load_lag_steps=3), checkpoints
+    every 2 steps, an export every step. Run A's trainer sleeps 0.3 s a step: the engine waits at its loads, frozen
+    with its requests in flight, and says so (throughput/frozen_share, time/weights_wait_s); run B's engine sleeps
+    0.05 s a step (the trainer waits for batches), and its trainer rank is killed in step 3 and resumed from step 2.
+    A and B log the same numbers and export the same bytes: versions load at engine steps fixed by the data and
+    the lag, not by arrival; a load under requests in flight is at the lag exactly. Every token is at most k=1 version old, samples span
     versions, and +30 points. Batch 2's tokens (versions 0 and 1) match an engine holding the version each is
     tagged with within the engine bound, and most differ from the other version's. With the prefix cache on (streaming's engine), a
     prefix cached before rlcore's in-place load is never served after it: a new request is scored as afresh."""
-    run = (*STREAM, "train.steps=6", "train.eval_every=6", "train.save_every=2", "train.export_every=1")
-    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}",
-                    env={"SLOW": "trainer:0.3", "DUMP": str(tmp_path / "batches")})
+    run = (*STREAM, "train.steps=6", "train.eval_every=6", "train.save_every=2", "train.export_every=1",
+           "rollout.load_lag_steps=3")
+    proc = torchrun_warm(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}",
+                         env={"SLOW": "trainer:0.3", "DUMP": str(tmp_path / "batches")})
     assert proc.returncode == 0, proc.stderr[-4000:]
     a = metrics(tmp_path / "a" / "demo")
-    assert [r["async/token_staleness_max"] for r in a[1:]] == [0, 1, 1, 1, 1, 1]
-    assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.5
+    timed = [json.loads(line) for line in (tmp_path / "a" / "demo" / "metrics.jsonl").read_text().splitlines()]
+    under = [r for r in timed[1:] if r["stream/recomputed_tokens"] > 0]  # loads under requests in flight
+    assert under and all(r["stream/load_lag"] == 3 and r["stream/lag_steps"] == 3 for r in under)
+    assert all(r["stream/load_lag"] <= 3 for r in timed[1:])  # earlier only with nothing in flight
+    # the trainer's 0.3 s sleep against 3 engine steps: the engine waits at each such load, frozen
+    assert all(r["time/weights_wait_s"] > 0.05 and r["throughput/frozen_share"] > 0 for r in under)
+    assert [r["async/token_staleness_max"] for r in a[1:]] == [0, 1, 0, 1, 0, 1]  # batches 3, 5: after a drain
+    assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.25  # 64 of 256 samples span two versions
     assert all(r["async/probe_logprob_diff_max"] < 1e-3 and r["async/dropped_samples"] == 0 for r in a[1:])
     assert learned(a) >= 0.3, [r.get("eval/accuracy") for r in a]
 
@@ -233,6 +256,36 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
                     (own if versions[i, t] == int(v) else other).append(gap)
     assert len(own) == sampled.sum() and max(own) <= ENGINE_BOUND  # decode steps vs one prefill: other kernels
     assert sum(g > 1e-4 for g in other) > len(other) / 2
+
+
+@pytest.mark.slow
+def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_path):
+    """k=2 with at most 32 trajectories running (work queued after every hand-over), rollout.load_lag_steps=auto:
+    versions 1-2 load at the earliest point while the run measures, then one line gives the lag it fixed, and each
+    later version loads that many engine steps after its hand-over, under requests in flight. The engine's steps
+    are slowed by 0.05 s outside what the run measures, so the lag holds the trainers' step with room to spare:
+    at those loads the engine is not frozen (the 2% goal) and the trainers wait instead. Resumed from its step-3
+    checkpoint, the lag read from it (one line says so), the run logs the same numbers and exports the same bytes."""
+    run = (*STREAM, "rollout.max_staleness=2", "rollout.max_running=32", "train.steps=6", "train.save_every=3",
+           "train.export_every=6", "data.eval_path=", f"output_dir={tmp_path}")
+    proc = torchrun_warm(WORKERS / "stream_worker.py", *run, env={"SLOW": "engine:0.05"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lag = int(re.search(r"rollout.load_lag_steps=auto: each version loads (\d+) engine steps after", proc.stdout)[1])
+    rows = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["stream/lag_steps"] for r in rows] == [-1] + [lag] * 5  # steps 1-6 (no eval); fixed at load 2
+    under = [r for r in rows[2:] if r["stream/recomputed_tokens"] > 0]
+    assert [r["step"] for r in under] == [4, 5]  # 3 and 6 drain for their checkpoints
+    assert all(r["stream/load_lag"] == lag and r["throughput/frozen_share"] < 0.02 for r in under)
+    assert all(r["throughput/trainer_idle_share"] > 0.5 for r in under)
+    straight, weights = metrics(tmp_path / "demo"), (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes()
+
+    shutil.rmtree(tmp_path / "demo" / "checkpoints" / "step_6")
+    proc = torchrun(ROOT / "launch" / "train.py", *run, "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resume: continuing after step 3" in proc.stdout
+    assert f"rollout.load_lag_steps=auto: {lag} engine steps, as the run fixed it before its checkpoint" in proc.stdout
+    assert metrics(tmp_path / "demo") == straight
+    assert (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes() == weights
 
 
 @pytest.mark.slow
@@ -283,8 +336,8 @@ def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path)
     engine steps fixed by the data: rollout.join_steps). The resume finishes the run, on the continuous schedule
     (answers join as they arrive: no numbers to compare, but its metrics and bounds)."""
     run = ("recipe=tests/workers/stream_tools.py", *STREAM[1:], "train.steps=8", "train.eval_every=8",
-           "train.export_every=1")
-    proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}")
+           "train.export_every=1", "rollout.load_lag_steps=4")
+    proc = torchrun_warm(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     a = metrics(tmp_path / "a" / "tooladd")
     assert learned(a) >= 0.3, [r.get("eval/accuracy") for r in a]

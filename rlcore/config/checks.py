@@ -82,6 +82,32 @@ def check_stream(cfg: Config, dims) -> None:
     if r.max_running and r.max_running < r.group_size:
         raise ValueError(f"rollout.max_running={r.max_running} is below one prompt group (rollout.group_size="
                          f"{r.group_size}): the engine could never admit a group; valid: >= {r.group_size}")
+    if r.load_lag_steps != "auto":
+        check_lag(cfg, dims)
+
+
+def check_lag(cfg: Config, dims) -> None:
+    """A fixed rollout.load_lag_steps: deterministic loads only, and a lag the engine can reach. After hand-over v
+    the engine holds version v - 1 and may run batches v + 1 .. v + k only (k = max_staleness): at most k x P prompt
+    groups (P: the engine's share of a step), each group's trajectories at most T engine steps long (single-turn:
+    max_new_tokens; with an environment each of its max_total_tokens tokens may be a turn of its own that then waits
+    join_steps). Past k x P x T steps the engine has always run out of work and loaded (the lag does nothing)."""
+    r = cfg.rollout
+    if r.free_loads:
+        raise ValueError(f"rollout.load_lag_steps={r.load_lag_steps} places the deterministic load point, and "
+                         f"rollout.free_loads=true loads each version on arrival instead; valid there: "
+                         f"load_lag_steps=auto (or free_loads=false)")
+    if r.agent:
+        return  # an agent's calls have no token bound of the config's
+    engines = max(r.ranks // max(r.tensor_parallel, 1), 1)
+    groups = r.max_staleness * (r.prompts_per_step // engines)
+    tokens = r.max_total_tokens or r.max_new_tokens
+    steps = tokens * (1 + r.join_steps) if r.env else r.max_new_tokens
+    if r.load_lag_steps > groups * steps:
+        raise ValueError(f"rollout.load_lag_steps={r.load_lag_steps} can never be reached: after a hand-over an "
+                         f"engine has at most {groups * steps} engine steps of work it may run ({r.max_staleness} "
+                         f"batch(es) ahead (max_staleness) x {r.prompts_per_step // engines} prompt groups x {steps} "
+                         f"steps per trajectory), then loads; valid: 0 to {groups * steps}, or auto")
 
 
 def check_values(cfg: Config) -> None:

@@ -118,6 +118,9 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + ", ".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (Union, types.UnionType) and any(typing.get_origin(a) is Literal
+                                                                for a in typing.get_args(tp)):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))  # int | Literal["auto"]: int or one of auto
     return tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
 
 

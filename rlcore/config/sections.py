@@ -7,7 +7,7 @@ applied to it by rlcore.config.cli, by the runtime type of each field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Literal
 
 from rlcore.config.valid import SANDBOX_LIMITS, check_fields
 
@@ -100,6 +100,10 @@ class RolloutConfig:
     # (the engine waits there for a late one), so the run does not depend on tool latency (rlcore/modes/stream/turns.py)
     join_steps: int = 2
     free_loads: bool = False  # streaming: load each version the moment it arrives (faster, not reproducible)
+    # streaming, deterministic loads: version v loads this many engine steps after batch v is handed over (the
+    # engine keeps decoding meanwhile; it waits only if the trainers are later); auto = measured over the first two
+    # versions, then fixed for the run and saved in its checkpoints. A number makes two runs identical.
+    load_lag_steps: int | Literal["auto"] = "auto"
 
 
 @dataclass

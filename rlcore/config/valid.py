@@ -56,6 +56,8 @@ VALID = {
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
     "rollout.max_running": _at_least(0), "rollout.join_steps": _at_least(0),
+    "rollout.load_lag_steps": (lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+                               "a whole number of engine steps >= 0, or auto"),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),

@@ -131,6 +131,9 @@ class RolloutEngine:
             **lora_args,
         )
         self.version = 0
+        # submitted requests in flight: id -> (prompt tokens, most new tokens, engine steps taken before it came)
+        self.flight: dict[str, tuple[int, int, int]] = {}
+        self.steps = 0
         if dormant and self.sleep_mode:
             self.llm.sleep(level=2)
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
@@ -218,6 +221,7 @@ class RolloutEngine:
         params.output_kind = RequestOutputKind.FINAL_ONLY
         eng = self.llm.llm_engine
         eng.add_request(rid, eng.renderer.render_cmpl([{"prompt_token_ids": list(prompt)}])[0], params)
+        self.flight[rid] = (len(prompt), max_tokens, self.steps)
 
     def submit_probe(self, rid: str, sequence: list[int]) -> None:
         """Score a fixed sequence (prompt logprobs, temperature 1) beside the requests in flight: its Sample's
@@ -236,8 +240,10 @@ class RolloutEngine:
         token with the weight version that sampled it."""
         self.state.require_ready("step")
         finished = []
+        self.steps += 1
         for out in self.llm.llm_engine.step():
             if out.finished:
+                self.flight.pop(out.request_id, None)
                 c = out.outputs[0]
                 lps = [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)] if c.logprobs else []
                 versions = [int(span.version) for span in c.weight_versions or []
@@ -252,7 +258,14 @@ class RolloutEngine:
         """Whether any submitted request is still live (CUDA's async scheduling: a step may finish nothing)."""
         return self.llm.llm_engine.has_unfinished_requests()
 
+    def in_flight_tokens(self) -> int:
+        """The tokens in the KV cache of the submitted requests in flight, by rlcore's count: each prompt, and one
+        token per engine step since the request came (up to its cap). A load recomputes them all."""
+        return sum(prompt + min(self.steps - came, cap) for prompt, cap, came in self.flight.values())
+
     def abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.flight.pop(rid, None)
         if rids:
             self.llm.llm_engine.abort_request(list(rids))
 

@@ -130,10 +130,14 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
     # may change.
     split = saved["config"].get("rollout.ranks", 0)
     layout = ("rollout.ranks", "rollout.max_staleness", "rollout.stream")
-    for key in layout + (("rollout.tensor_parallel",) if split else ()):
-        if saved["config"].get(key, 0) != meta["config"].get(key, 0):
-            raise ValueError(f"resume: checkpoint {path} was saved with {key}={saved['config'].get(key, 0)}, but this "
-                             f"run has {key}={meta['config'].get(key, 0)}; resume with the same layout")
+    # Streaming's load points follow rollout.load_lag_steps: another lag would load versions at other engine steps.
+    stream = ("rollout.tensor_parallel", "rollout.load_lag_steps") if saved["config"].get("rollout.stream") else ()
+    for key in layout + (("rollout.tensor_parallel",) if split else ()) + stream:
+        before, now = (saved["config"].get(key, 0 if key != "rollout.load_lag_steps" else "auto"),
+                       meta["config"].get(key, 0))
+        if before != now:
+            raise ValueError(f"resume: checkpoint {path} was saved with {key}={before}, but this run has {key}={now}; "
+                             f"resume with the same layout")
     # A LoRA checkpoint holds adapters of one shape only (and a full one no adapters): they must match.
     for key in ("lora.enabled", "lora.rank", "lora.targets") if meta["config"].get("lora.enabled") or \
             saved["config"].get("lora.enabled") else ():

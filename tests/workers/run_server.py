@@ -40,7 +40,9 @@ def run(request: dict, out: Path, err: Path) -> int:
     warm.py), fds 1 and 2 in `out` and `err`; all put back after."""
     # A fresh rendezvous per run, as a new launch has: torchrun's own store would hand this run the previous run's
     # process-group addresses (the group names restart at 0 after destroy_process_group).
-    env = request.get("env", {}) | {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(request["port"])}
+    # RLCORE_SHARED_LAUNCH: a worker script that would leave the process at its end (os._exit) returns instead.
+    env = request.get("env", {}) | {"TORCHELASTIC_USE_AGENT_STORE": "False", "MASTER_PORT": str(request["port"]),
+                                    "RLCORE_SHARED_LAUNCH": "1"}
     path = request.get("path", []) + ([str(Path(request["script"]).parent)] if "script" in request else [])
     saved = os.dup(1), os.dup(2)
     with isolated(env, path):

@@ -8,7 +8,8 @@ batch (tokens, engine logprobs, per-token versions) to dir/batch_<t>.pt. KILL_RA
 sends itself SIGKILL in step t's training. TERM_AT_VERSION=v: the engine's first rank (alone, with tensor
 parallelism) sends itself SIGTERM at its first engine step holding version v with environment calls in flight
 (single-turn: requests; it says how many on stderr; TERM_STAMP=file: the time.time() it sent it). Arguments are passed
-to launch/train.py unchanged.
+to launch/train.py unchanged. The disturbances are undone after the run: the shared launch (tests/conftest.py
+torchrun_warm) runs it too.
 """
 import os
 import runpy
@@ -59,6 +60,10 @@ if slow_side == "engine":
     stream.Engine.step = slow_engine_step
 if os.environ.get("TERM_AT_VERSION"):
     stream.Engine.step = signalled_engine_step
-train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
-sys.argv = [str(train_py), *sys.argv[1:]]
-runpy.run_path(str(train_py), run_name="__main__")
+entry = runpy.run_path(str(Path(__file__).resolve().parents[2] / "launch" / "train.py"))  # main(), not its exit
+try:
+    code = entry["main"](sys.argv[1:])
+finally:  # the shared launch (tests/workers/run_server.py) runs the next run in this process: undisturbed
+    stream_trainer.train_step, stream.Engine.step = train_step, engine_step
+# A launch of its own exits as launch/train.py does; in the shared launch the run ends here, the process goes on.
+sys.exit(code) if os.environ.get("RLCORE_SHARED_LAUNCH") else entry["leave"](code)

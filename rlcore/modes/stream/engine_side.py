@@ -3,11 +3,12 @@ across step boundaries, hands batches over and loads versions between two engine
 timing and the decisions every rank of a tensor-parallel engine agrees on. The design, the exchanges and the
 guarantees: rlcore/modes/stream/__init__.py.
 
-Why one file of ~300 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
+Why one file of ~360 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
 read as one loop.
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from rlcore.run import Run
 
 
+CALIBRATE = 2  # rollout.load_lag_steps=auto: versions 1..CALIBRATE load at the earliest point while it measures
+MARGIN = 1.25  # ... and the lag it fixes covers the trainers' step x MARGIN (a longer batch, a slower step)
+
+
 class Engine:
     """Ranks [0, R): one engine's loop (this rank's) and everything it carries between steps (what a checkpoint
     saves)."""
@@ -48,7 +53,12 @@ class Engine:
         self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": time.perf_counter()}
+        self.clock = new_clock()
+        # the deterministic load point: version v loads `lag` engine steps (turns.tick) after hand-over v; None while
+        # rollout.load_lag_steps=auto measures (versions 1..CALIBRATE load at the earliest point, then it is fixed)
+        self.lag = None if r.load_lag_steps == "auto" else r.load_lag_steps
+        self.handed_at = 0  # turns.tick at the last hand-over
+        self.timing = {"steps": 0, "step_s": 0.0}  # auto: the engine steps since the start and their time
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
         # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
         self.stopped, self.error, self.arrived = False, None, False
@@ -79,7 +89,8 @@ class Engine:
         return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
 
     def load_due(self) -> bool:
-        """Now, if nothing runs in the engine (a drain also waits for every trajectory to end), or batch
+        """Now, if nothing is in flight (a drain also waits for every trajectory to end), or `lag` engine steps
+        after the hand-over; while auto measures, at the earliest point: nothing runs in the engine, or batch
         handed + 1 is complete, or admission waits for this version."""
         if self.stopped or self.error or not self.turns.flying:
             return True
@@ -87,7 +98,9 @@ class Engine:
             return False
         if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
             return self.arrived
-        return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
+        if self.lag is None:
+            return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
+        return self.turns.tick - self.handed_at >= self.lag
 
     # ---- the loop ----
 
@@ -155,10 +168,13 @@ class Engine:
                 self.scores[rid] = sample.prompt_logprobs
             else:
                 self.turns.finished(rid, sample)
+        took = time.perf_counter() - t0
         self.clock["steps"] += 1
         self.clock["running"] += running
-        self.clock["busy_s"] += (time.perf_counter() - t0) * running / self.max_running
-        self.clock["step_s"] += time.perf_counter() - t0
+        self.clock["busy_s"] += took * running / self.max_running
+        self.clock["step_s"] += took
+        self.timing["steps"] += 1
+        self.timing["step_s"] += took
 
     # ---- the exchanges ----
 
@@ -190,7 +206,7 @@ class Engine:
                     del self.turns.done[g]
             for g in groups:
                 del self.rows[g]
-            self.handed = b
+            self.handed, self.handed_at = b, self.turns.tick
             if self.run.cfg.rollout.free_loads and self.lead:
                 self.waiting = listen(self.link)
         if any(m["stop"] for m in messages):
@@ -199,13 +215,19 @@ class Engine:
     def load(self, v: int) -> None:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
+        # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
+        lag, recomputed, flying = self.turns.tick - self.handed_at, run.engine.in_flight_tokens(), bool(self.turns.flying)
         if self.waiting is not None:
             self.waiting.wait()
             self.waiting = None
         header = receive_weights(run, self.link)
         if header.get("error"):
             raise RunError(header["error"])
-        self.clock["wait_s"] += time.perf_counter() - t0 - header["receive_s"]
+        waited = time.perf_counter() - t0 - header["receive_s"]
+        self.clock["wait_s"] += waited
+        self.clock["frozen_s"] += waited if flying else 0.0  # requests in flight, no step: the engine is frozen
+        if self.lag is None and v >= CALIBRATE and not self.run.cfg.rollout.free_loads:
+            self.fix_lag(v, header.get("ready_s", 0.0))
         for i, seq in enumerate(self.probe):
             run.engine.submit_probe(f"probe.{v}.{i}", seq)
         while len(self.scores) < len(self.probe):
@@ -216,7 +238,8 @@ class Engine:
             mean, gap = all_max(mean), all_max(gap)
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v, "time/sync_s": header["receive_s"],
-            "sync/gb": header["receive_bytes"] / 1e9} | self.loop.plan_metrics()
+            "sync/gb": header["receive_bytes"] / 1e9, "stream/load_lag": lag, "stream/recomputed_tokens": recomputed,
+            "stream/lag_steps": -1 if self.lag is None else self.lag} | self.loop.plan_metrics()
         error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
@@ -238,6 +261,19 @@ class Engine:
         if self.loop.save_due(v):
             self.save(v)
 
+    def fix_lag(self, v: int, ready_s: float) -> None:
+        """rollout.load_lag_steps=auto, at load CALIBRATE: the lag is the trainers' step (their time from taking a
+        batch to having its version ready, version v's: the first is a warm-up) in this engine's mean step time,
+        times MARGIN; the largest over the rollout ranks (an engine's ranks must agree). Fixed for the rest of the
+        run and saved in its checkpoints (a resume loads at the same steps)."""
+        step_s = self.timing["step_s"] / max(self.timing["steps"], 1)
+        lag = math.ceil(MARGIN * ready_s / max(step_s, 1e-6))
+        self.lag = int(all_max(lag)) if self.run.dims.rollout_ranks > 1 else lag
+        if dist.get_rank() == 0:
+            print(f"rlcore: rollout.load_lag_steps=auto: each version loads {self.lag} engine steps after its batch is "
+                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s x {MARGIN}, measured over "
+                  f"versions 1-{v}; rollout.load_lag_steps={self.lag} repeats this run)", flush=True)
+
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
         checkpoint of `step`, then every rank exits 75."""
@@ -250,28 +286,41 @@ class Engine:
     def save(self, step: int):
         """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
         state = {"rows": self.rows, "done": self.turns.done, "next_group": self.next_group, "todo": self.todo,
-                 "handed": self.handed, "probe": self.probe, "pending": self.pending}
+                 "handed": self.handed, "probe": self.probe, "pending": self.pending, "lag": self.lag}
         return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
 
     def restore(self, state: dict) -> None:
         self.rows, self.turns.done, self.next_group, self.todo = (state["rows"], state["done"], state["next_group"],
                                                                   state["todo"])
         self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
+        if self.lag is None and state.get("lag") is not None:  # auto: the lag this run fixed before the checkpoint
+            self.lag = state["lag"]
+            if dist.get_rank() == 0:
+                print(f"rlcore: rollout.load_lag_steps=auto: {self.lag} engine steps, as the run fixed it before its "
+                      f"checkpoint", flush=True)
 
     # ---- metrics ----
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run), the same weighted by wall time (stalls count as empty), the time waiting for weights, and the time
-        in engine steps (time/collect_s: the engine side's busy time in the summary's split line)."""
+        every run), the same weighted by wall time (stalls count as empty), the engine steps, the time waiting for
+        weights and the share of wall time the engine was frozen (waiting with requests in flight), and the time
+        in engine steps (time/collect_s: the engine side's busy time in the summary's split line). Shares and step
+        counts, not seconds, are what carries from this machine to another."""
         c, now = self.clock, time.perf_counter()
         wall = now - c["t"]
         metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
                    "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
                    "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
+                   "throughput/frozen_share": c["frozen_s"] / max(wall, 1e-9),
                    "time/collect_s": c["step_s"], "time/wall_s": wall}
-        self.clock = {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "t": now}
+        self.clock = new_clock(now)
         return metrics
+
+
+def new_clock(now: float | None = None) -> dict:
+    return {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
+            "t": time.perf_counter() if now is None else now}
 
 
 @watchdog.stage("streaming agreement", waits=True)

@@ -4,6 +4,7 @@ control exchange (the checkpoint when due or asked for). Per-token staleness is 
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +25,15 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     steps, k, leader = run.cfg.train.steps, run.cfg.rollout.max_staleness, dist.get_rank() == run.dims.rollout_ranks
     leads = range(0, run.dims.rollout_ranks, run.dims.tp)  # each engine's first rank: it hands the engine's share over
     probe = None
+    # the trainers' waits (hand-over, the engine's load point, the control exchange) since their last step's work
+    idle = {"wait_s": 0.0, "since": time.perf_counter()}
+
+    def waiting(fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            idle["wait_s"] += time.perf_counter() - t0
 
     def agree(mine: dict) -> list[dict]:
         messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
@@ -50,7 +60,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
 
     def control(t: int) -> None:
         """After the engine loaded version t: the checkpoint when due or asked for."""
-        stopping = any(m["stop"] for m in agree({}))
+        stopping = any(m["stop"] for m in waiting(agree, {}))
         path = save(t, None) if stopping or loop.save_due(t) else None
         if stopping:
             raise loop.preempted(t, path)
@@ -59,31 +69,37 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     if run.resume_from is not None:
         state = own_state(run)
         batch, probe = state["batch"], state["probe"]
-        send_weights(run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
-        batch = take(start + 1) if batch is None else batch
+        waiting(send_weights, run, link, {"version": start, "metrics": {}, "probe": None, "error": None})
+        batch = waiting(take, start + 1) if batch is None else batch
     else:
-        batch = take(1)
+        batch = waiting(take, 1)
     for t in range(start + 1, steps + 1):
-        error, metrics = None, {}
+        error, metrics, t0 = None, {}, time.perf_counter()
         try:
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
             loop.count(t, metrics)
             loop.check_skipped(t)
         except RunError as e:  # the engine must hear of it before every rank stops
             error = str(e)
-        header = {"version": t, "metrics": metrics, "error": error,
-                  "probe": probe_logprobs(run, probe) if error is None else None}
+        probed = probe_logprobs(run, probe) if error is None else None
+        now = time.perf_counter()
+        # the wait before this step (the previous version's load point and transfer, the hand-over of this batch)
+        metrics |= {"time/trainer_wait_s": idle["wait_s"],
+                    "throughput/trainer_idle_share": idle["wait_s"] / max(now - idle["since"], 1e-9)}
+        idle.update(wait_s=0.0, since=now)
+        # ready_s: from taking the batch to the version ready to send (rollout.load_lag_steps=auto measures it)
+        header = {"version": t, "metrics": metrics, "error": error, "probe": probed, "ready_s": now - t0}
         # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
         told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in leads] \
             if link.ready is not None and leader else []
-        send_weights(run, link, header)
+        waiting(send_weights, run, link, header)
         for sent in told:
             sent.wait()
         if error:
             raise RunError(error)
         control(t)
         if t < steps:
-            batch = take(t + 1)
+            batch = waiting(take, t + 1)
         if loop.export_due(t):
             loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
 
