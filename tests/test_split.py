@@ -109,6 +109,8 @@ def test_resume_across_layouts_is_refused(tmp_path):
     (("rollout.ranks=1", *K1), ("rollout.ranks=1", "rollout.max_staleness=2", "algorithm.tis_cap=2"),
      "rollout.max_staleness"),
     (("rollout.ranks=1", *K1), ("rollout.ranks=1", *K1, "rollout.stream=true"), "rollout.stream"),
+    (("rollout.ranks=1", *K1, "rollout.stream=true"), ("rollout.ranks=1", *K1, "rollout.stream=true",
+                                                       "rollout.load_lag_steps=8"), "rollout.load_lag_steps=auto"),
     (("rollout.ranks=2", "rollout.tensor_parallel=2", *K1), ("rollout.ranks=2", *K1), "rollout.tensor_parallel"),
     (("lora=true",), (), "lora.enabled"),
     (("lora=true",), ("lora=true", "lora.rank=8"), "lora.rank"),
