@@ -16,6 +16,9 @@ line may be stamped at exit). Per kept step, from rank 0's metrics:
                     (waits count as empty). Batch modes: from the workload (see occupancy_batch), times the
                     engine's busy share for the wall-weighted value.
   sync s            time/sync_s (split, streaming: the engine rank's receive + in-place reload)
+  frozen            streaming: throughput/frozen_share, the engine's wall time waiting for weights with requests
+                    in flight (over all kept steps, wall-weighted); with the load lag (stream/lag_steps) and the
+                    prefill tokens a load recomputes (stream/recomputed_tokens), medians
 Medians over the kept steps of all rounds.
 """
 from __future__ import annotations
@@ -117,7 +120,9 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
                     "versions": m.get("async/versions_per_sample", 1.0), "is_mean": m.get("policy/is_weight_mean", 1.0),
                     "wait_s": m.get("time/weights_wait_s", float("nan")), "engine_steps": m.get("stream/engine_steps", 0),
                     "step_ms": 1e3 * busy_e / max(m.get("stream/engine_steps", 0), 1),
-                    "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train})
+                    "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train,
+                    "frozen": m.get("throughput/frozen_share", 0.0), "lag": m.get("stream/lag_steps", -1),
+                    "recomputed": m.get("stream/recomputed_tokens", 0)})
     med = {k: median(p[k] for p in per) for k in per[0]}
     # A streaming pipeline's steps take turns being short and long, so samples/s is each run's sequences over its
     # measured wall time (the median over runs), and the step wall that run's mean.
@@ -134,6 +139,7 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
     med["engine_idle"] = sum(p["engine_idle"] * p["wall"] for p in per) / wall
     med["trainer_idle"] = sum(p["trainer_idle"] * p["wall"] for p in per) / wall
     med["occ_wall"] = sum(p["occ_wall"] * p["wall"] for p in per) / wall
+    med["frozen"] = sum(p["frozen"] * p["wall"] for p in per) / wall
     if any(p["engine_steps"] for p in per):
         med["occ"] = sum(p["occ"] * p["engine_steps"] for p in per) / sum(p["engine_steps"] for p in per)
         med["step_ms"] = sum(p["step_ms"] * p["engine_steps"] for p in per) / sum(p["engine_steps"] for p in per)
@@ -175,8 +181,10 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
     for c, m in meds.items():
         if m["engine_steps"]:
             lines.append(f"- {c}: the engine waited {m['wait_s']:.2f} s a step for the weights at its load point "
-                         f"({m['wait_of_train']:.0%} of the trainer's step), {m['engine_steps']:.0f} engine steps, "
-                         f"{m['step_ms']:.1f} ms each")
+                         f"({m['wait_of_train']:.0%} of the trainer's step), frozen (waiting with requests in flight) "
+                         f"{m['frozen']:.1%} of its wall time; {m['engine_steps']:.0f} engine steps a step, "
+                         f"{m['step_ms']:.1f} ms each; load lag {m['lag']:.0f} engine steps (-1: loads on arrival), "
+                         f"{m['recomputed']:.0f} prefill tokens recomputed a load")
     if "colocated" in meds:
         m = meds["colocated"]
         lines.append(f"- shares of the synchronous (colocated) step: generation {m['trainer_idle']:.0%} (everything "
