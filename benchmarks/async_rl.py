@@ -47,6 +47,8 @@ CONTENDERS = {
     "split k=1": [*SPLIT, "rollout.max_staleness=1"],
     "stream k=1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1"],
     "stream k=2": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2"],
+    # Half a batch in flight at most: the latency chain of the 24-turn group then fills the engine at k=2.
+    "stream k=2 r32": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=32"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],

@@ -206,9 +206,11 @@ def test_a_call_s_own_deadline_and_cancel(one):
     threading.Timer(0.2, cancel.set).start()
     r = one.run("import time; time.sleep(5)", cancel=cancel)
     assert r.status == "cancelled" and 0.2 <= r.seconds < 0.8
-    busy = threading.Thread(target=one.run, args=("import time; time.sleep(0.6)",))
+    busy = threading.Thread(target=one.run, args=("import time; time.sleep(1.5)",))
     busy.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while not one._idle.empty() and time.monotonic() < deadline:  # until `busy` holds the only worker
+        time.sleep(0.01)
     r = one.run("print(1)", timeout_s=0.2)  # the only worker is busy past this deadline: the code never runs
     assert (r.status, r.exit_code, r.stdout) == ("timeout", None, "")
     busy.join()

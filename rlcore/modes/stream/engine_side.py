@@ -58,7 +58,7 @@ class Engine:
         # rollout.load_lag_steps=auto measures (versions 1..CALIBRATE load at the earliest point, then it is fixed)
         self.lag = None if r.load_lag_steps == "auto" else r.load_lag_steps
         self.handed_at = 0  # turns.tick at the last hand-over
-        self.timing = {"steps": 0, "step_s": 0.0}  # auto: the engine steps since the start and their time
+        self.timing = {"steps": [], "ready_s": 0.0}  # auto: each engine step's time, the trainers' slowest step
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
         # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
         self.stopped, self.error, self.arrived = False, None, False
@@ -173,8 +173,8 @@ class Engine:
         self.clock["running"] += running
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
-        self.timing["steps"] += 1
-        self.timing["step_s"] += took
+        if self.lag is None and not self.run.cfg.rollout.free_loads:
+            self.timing["steps"].append(took)
 
     # ---- the exchanges ----
 
@@ -226,8 +226,9 @@ class Engine:
         waited = time.perf_counter() - t0 - header["receive_s"]
         self.clock["wait_s"] += waited
         self.clock["frozen_s"] += waited if flying else 0.0  # requests in flight, no step: the engine is frozen
+        self.timing["ready_s"] = max(self.timing["ready_s"], header.get("ready_s", 0.0))
         if self.lag is None and v >= CALIBRATE and not self.run.cfg.rollout.free_loads:
-            self.fix_lag(v, header.get("ready_s", 0.0))
+            self.fix_lag(v)
         for i, seq in enumerate(self.probe):
             run.engine.submit_probe(f"probe.{v}.{i}", seq)
         while len(self.scores) < len(self.probe):
@@ -261,17 +262,19 @@ class Engine:
         if self.loop.save_due(v):
             self.save(v)
 
-    def fix_lag(self, v: int, ready_s: float) -> None:
-        """rollout.load_lag_steps=auto, at load CALIBRATE: the lag is the trainers' step (their time from taking a
-        batch to having its version ready, version v's: the first is a warm-up) in this engine's mean step time,
-        times MARGIN; the largest over the rollout ranks (an engine's ranks must agree). Fixed for the rest of the
-        run and saved in its checkpoints (a resume loads at the same steps)."""
-        step_s = self.timing["step_s"] / max(self.timing["steps"], 1)
+    def fix_lag(self, v: int) -> None:
+        """rollout.load_lag_steps=auto, at load CALIBRATE: the lag is the trainers' slowest step so far (their time
+        from taking a batch to having its version ready) in this engine's fast steps (the first quartile: a step
+        with fewer sequences costs less, on a CPU much less, and the lag must cover the trainers then too), times
+        MARGIN; the largest over the rollout ranks (an engine's ranks must agree). Fixed for the rest of the run
+        and saved in its checkpoints (a resume loads at the same steps)."""
+        ready_s, steps = self.timing["ready_s"], sorted(self.timing["steps"]) or [1.0]
+        step_s = steps[len(steps) // 4]
         lag = math.ceil(MARGIN * ready_s / max(step_s, 1e-6))
         self.lag = int(all_max(lag)) if self.run.dims.rollout_ranks > 1 else lag
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads {self.lag} engine steps after its batch is "
-                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s x {MARGIN}, measured over "
+                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s, first quartile, x {MARGIN}, measured over "
                   f"versions 1-{v}; rollout.load_lag_steps={self.lag} repeats this run)", flush=True)
 
     def stopping(self, step: int) -> None:
