@@ -278,6 +278,10 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     assert 4 in [r["step"] for r in under]
     assert all(r["stream/load_lag"] == lag and r["throughput/frozen_share"] < 0.02 for r in under)
     assert all(r["throughput/trainer_idle_share"] > 0.5 for r in under)
+    frozen = re.search(r"the engine frozen at its loads ([\d.]+)%", (tmp_path / "demo" / "summary.md").read_text())
+    timed = rows[1:]  # the summary's steps: the first (warm-up) left out, each weighted by its wall time
+    share = sum(r["throughput/frozen_share"] * r["time/wall_s"] for r in timed) / sum(r["time/wall_s"] for r in timed)
+    assert abs(float(frozen[1]) - 100 * share) <= 0.05  # printed to 0.1%
     straight, weights = metrics(tmp_path / "demo"), (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes()
 
     shutil.rmtree(tmp_path / "demo" / "checkpoints" / "step_6")

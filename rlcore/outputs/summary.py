@@ -84,9 +84,13 @@ class Summary:
             wall = sum(m["time/wall_s"] for m in walls)
             rollout = sum(m.get("time/collect_s", 0.0) for m in walls) / wall
             train = sum(m.get("time/step_s", 0.0) for m in walls) / wall
+            frozen = sum(m.get("throughput/frozen_share", 0.0) * m["time/wall_s"] for m in walls) / wall
             lines += [f"split: {wall / len(walls):.3f} s of wall time per step; rollout ranks busy {100 * rollout:.0f}% "
                       f"(idle {100 * max(1 - rollout, 0):.0f}%), trainer ranks busy {100 * train:.0f}% (idle "
-                      f"{100 * max(1 - train, 0):.0f}%); the stage shares below are of the trainer's step", ""]
+                      f"{100 * max(1 - train, 0):.0f}%)" + (f"; the engine frozen at its loads {100 * frozen:.1f}% "
+                      f"(waiting for weights with requests in flight)" if any("throughput/frozen_share" in m
+                                                                               for m in walls) else "")
+                      + "; the stage shares below are of the trainer's step", ""]
         if rows:
             lines += ["| stage | mean s/step | share | rate |", "|---|---:|---:|---:|"]
             lines += [f"| {stage} | {s:.3f} | {100 * share:.1f}% | {rate} |" for stage, s, share, rate in rows]
