@@ -33,8 +33,8 @@ the engine keeps decoding what it runs, admission blocked by the version or not:
 meanwhile, and L is chosen to cover their step. If they are later, the engine waits there with its requests
 frozen (throughput/frozen_share). L=auto loads versions 1 and 2 at the earliest point (nothing running in the
 engine, batch v + 1 complete, or admission blocked by the version; the engine waits for the trainers there)
-while it measures the trainers' step and its own, then fixes L = 1.25 x trainer step / engine step (the
-largest over the rollout ranks), prints it and keeps it in the checkpoints: a resume loads at the same steps, but
+while it measures the trainers' step and its own, then fixes L = 1.25 x the trainers' slowest step / the
+first quartile of its step times (a step with fewer sequences is faster; the largest over the rollout ranks), prints it and keeps it in the checkpoints: a resume loads at the same steps, but
 two auto runs measure apart, so a fixed L (the one auto printed) is what makes two runs identical. Save and eval
 steps drain first: no
 admission after batch v is handed, until no trajectory is in flight (environment calls included).

@@ -216,7 +216,8 @@ class Engine:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
         # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
-        lag, recomputed, flying = self.turns.tick - self.handed_at, run.engine.in_flight_tokens(), bool(self.turns.flying)
+        lag, flying = self.turns.tick - self.handed_at, bool(self.turns.flying)
+        recomputed = run.engine.in_flight_tokens()
         if self.waiting is not None:
             self.waiting.wait()
             self.waiting = None
@@ -274,8 +275,8 @@ class Engine:
         self.lag = int(all_max(lag)) if self.run.dims.rollout_ranks > 1 else lag
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads {self.lag} engine steps after its batch is "
-                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s, first quartile, x {MARGIN}, measured over "
-                  f"versions 1-{v}; rollout.load_lag_steps={self.lag} repeats this run)", flush=True)
+                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s, first quartile, x {MARGIN}, "
+                  f"measured over versions 1-{v}; rollout.load_lag_steps={self.lag} repeats this run)", flush=True)
 
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
