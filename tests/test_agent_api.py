@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from rlcore.rollout.endpoint import MODEL
+from rlcore.rollout.wire import Chunks
 from test_endpoint import FORCED, ROWS, TOOLS, run, tok, tool_agent  # noqa: F401  (tok: the fixture)
 
 
@@ -75,6 +76,8 @@ def test_streamed_answers_are_the_plain_answers_in_chunks(tok):
         for _ in range(2):
             stream = await c.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, stream=True,
                                                      stream_options={"include_usage": True})
+            # the handed client answers in process with the openai client's own stream type, without its SSE parsing
+            assert isinstance(stream, openai.AsyncStream) and isinstance(stream, Chunks) != own
             content, calls, finish, usage, first = "", {}, None, None, True
             async for chunk in stream:
                 if chunk.usage is not None:

@@ -10,13 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx2  # the openai client's HTTP library
 import pydantic
-from openai import AsyncOpenAI, NotGiven, Omit
+from openai import AsyncOpenAI, AsyncStream, NotGiven, Omit
 from openai._compat import cached_property
 from openai.resources.chat import AsyncChat
 from openai.resources.chat.completions import AsyncCompletions as AsyncChatCompletions
 from openai.resources.completions import AsyncCompletions
 from openai.types import Completion
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from rlcore.rollout.sse import Events
 
@@ -144,18 +144,35 @@ class Client(AsyncOpenAI):
     def completions(self) -> _TextCompletions:
         return _TextCompletions(self)
 
-    async def _direct(self, route: str, body: bytes, cast_to: type):
+    async def _direct(self, route: str, body: bytes, cast_to: type, chunk_type: type):
         status, payload = await self._endpoint.ahandle("POST", f"/v1{route}", f"Bearer {self.api_key}", body)
+        request = httpx2.Request("POST", f"{self.base_url}{route.lstrip('/')}")
         if status >= 400:  # the openai client's own error (BadRequestError, ...), from the same answer
-            raise self._make_status_error_from_response(
-                response(status, payload, httpx2.Request("POST", f"{self.base_url}{route.lstrip('/')}")))
+            raise self._make_status_error_from_response(response(status, payload, request))
+        if isinstance(payload, Events):  # stream=True: the events as the openai client's own stream of chunks
+            return Chunks([chunk_type.model_validate(data) for _, data in payload], chunk_type,
+                          httpx2.Response(200, headers={"Content-Type": "text/event-stream"}, request=request), self)
         return cast_to.model_validate(payload)  # equal to the openai client's construct_type, 13x faster
+
+
+class Chunks(AsyncStream):
+    """A streamed answer of the endpoint in process: an openai AsyncStream (async for, async with, close) of its
+    events already as chunk objects, without writing and parsing server-sent events: the openai client's own
+    path costs ~0.8 ms of CPU a streamed call, this one ~0.05 ms (a tool call's answer, events built included)."""
+
+    def __init__(self, chunks: list, cast_to: type, http_response: httpx2.Response, client: AsyncOpenAI):
+        self._chunks = chunks
+        super().__init__(cast_to=cast_to, response=http_response, client=client)
+
+    async def __stream__(self):
+        for chunk in self._chunks:
+            yield chunk
 
 
 def plain(kwargs: dict, needs: str) -> bytes | None:
     """The JSON body of a create call's keyword arguments, or None when the openai client must build it: an
     option of its own (extra_headers / extra_body / extra_query), a value that is neither JSON nor a pydantic
-    object, a required argument missing, or a streamed call (the client parses the events)."""
+    object, or a required argument missing."""
     body = {}
     for key, value in kwargs.items():
         if isinstance(value, (Omit, NotGiven)) or key == "timeout":  # in process, as through InProcess, no call
@@ -163,7 +180,7 @@ def plain(kwargs: dict, needs: str) -> bytes | None:
         if key.startswith("extra_"):
             return None
         body[key] = value
-    if "model" not in body or needs not in body or body.get("stream"):  # a stream: the client reads events
+    if "model" not in body or needs not in body:
         return None
     try:
         return json.dumps(body, default=_model).encode()
@@ -179,17 +196,18 @@ def _model(value):
     raise TypeError(type(value).__name__)
 
 
-async def direct_or_own(resource, own, kwargs: dict, needs: str, route: str, cast_to: type):
+async def direct_or_own(resource, own, kwargs: dict, needs: str, route: str, cast_to: type, chunk_type: type):
     """A create call of a Client's resource: direct when it is plain, else the openai client's own `own`."""
     body = plain(kwargs, needs) if resource._client._endpoint is not None else None
     if body is None:
         return await own(**kwargs)
-    return await resource._client._direct(route, body, cast_to)
+    return await resource._client._direct(route, body, cast_to, chunk_type)
 
 
 class _ChatCompletions(AsyncChatCompletions):
     async def create(self, **kwargs):
-        return await direct_or_own(self, super().create, kwargs, "messages", "/chat/completions", ChatCompletion)
+        return await direct_or_own(self, super().create, kwargs, "messages", "/chat/completions", ChatCompletion,
+                                   ChatCompletionChunk)
 
 
 class _Chat(AsyncChat):
@@ -200,4 +218,4 @@ class _Chat(AsyncChat):
 
 class _TextCompletions(AsyncCompletions):
     async def create(self, **kwargs):
-        return await direct_or_own(self, super().create, kwargs, "prompt", "/completions", Completion)
+        return await direct_or_own(self, super().create, kwargs, "prompt", "/completions", Completion, Completion)
