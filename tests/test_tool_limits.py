@@ -172,5 +172,5 @@ def test_limits_of_a_call():
     """Outside a rollout: no deadline and the config's cap; inside: what the loop gave, 0.25 s early."""
     assert time_left() == float("inf") and Limits().max_tool_calls == 8
     left = within(Limits.starting_now(2.0, 3), time_left)
-    assert 1.7 < left <= 1.75
+    assert 1.0 < left <= 1.75  # 2 s less the quarter; the lower bound leaves a loaded machine room
     assert within(Limits.starting_now(0.4, 3), time_left) <= 0.3  # a quarter of a short call
