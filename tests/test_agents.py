@@ -108,13 +108,16 @@ def test_tooladd_agent_learns(tmp_path, mode, agent):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent, mode", [("agents_responses", "colocated"), ("smolagents_tools", "colocated")])
+@pytest.mark.parametrize("agent, mode", [("agents_responses", "split"), ("smolagents_tools", "colocated")])
 def test_a_framework_agent_trains_with_its_own_prompts(tmp_path, agent, mode):
     """The OpenAI Agents SDK (its default Responses model, and its chat-completions model) and smolagents'
     ToolCallingAgent (tool_choice="required", stop strings, its ~4,000-token system prompt), unchanged, on the tool
     task's warm start with a longer context (tests/framework_agents.py): 3 steps, every step trained, no agent
-    failing, the engine's logprobs equal to the trainer's. (Colocated only, to keep the suite short: the endpoint
-    serves every mode the same way, and LangChain's and the bare client's agents run in all three.)"""
+    failing, the engine's logprobs equal to the trainer's. The Agents SDK in a split mesh, smolagents colocated (one
+    mode each, to keep the suite short: the endpoint serves every mode the same way, and LangChain's and the bare
+    client's agents run in all three). smolagents in streaming timed its agents out when tried (16 of 16 past
+    rollout.env_timeout_s; the cause is not found yet: its ~4,000-token prompts on these CPU engines are the
+    suspect); not in the suite."""
     modes = {"split": ["rollout.ranks=1"], "stream": ["rollout.ranks=2", "rollout.stream=true",
                                                        "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
     proc = train_warm(f"recipe={ROOT / 'tests' / 'framework_agents.py'}", f"output_dir={tmp_path}", "train.steps=3",
