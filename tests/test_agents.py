@@ -115,9 +115,10 @@ def test_a_framework_agent_trains_with_its_own_prompts(tmp_path, agent, mode):
     task's warm start with a longer context (tests/framework_agents.py): 3 steps, every step trained, no agent
     failing, the engine's logprobs equal to the trainer's. The Agents SDK in a split mesh, smolagents colocated (one
     mode each, to keep the suite short: the endpoint serves every mode the same way, and LangChain's and the bare
-    client's agents run in all three). smolagents in streaming timed its agents out when tried (16 of 16 past
-    rollout.env_timeout_s; the cause is not found yet: its ~4,000-token prompts on these CPU engines are the
-    suspect); not in the suite."""
+    client's agents run in all three). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
+    smolagents_tools torchrun --nproc-per-node 3 launch/train.py recipe=tests/framework_agents.py train.steps=3
+    rollout.ranks=2 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2`), 22 s a step: not in the
+    suite. It found that asyncio.to_thread ran 6 agents of a rank at once (test_endpoint.py's synchronous agents)."""
     modes = {"split": ["rollout.ranks=1"], "stream": ["rollout.ranks=2", "rollout.stream=true",
                                                        "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
     proc = train_warm(f"recipe={ROOT / 'tests' / 'framework_agents.py'}", f"output_dir={tmp_path}", "train.steps=3",

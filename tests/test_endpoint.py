@@ -428,6 +428,21 @@ def test_agent_failures_are_per_trajectory_and_the_budget_is_a_429(tok, monkeypa
     assert all(x.tokens == [] for x in trajs[1:4]) and trajs[0].model_tokens > 0
 
 
+def test_synchronous_agents_in_threads_all_run_at_once(tok):
+    """A synchronous framework's agent runs in asyncio.to_thread (smolagents'): 16 of them on a rank must all be
+    running at once, as async agents are. Each waits at a barrier of 16 before its calls; asyncio's default pool
+    (cores + 4 threads) would hold the 7th back, the barrier would break after 10 s and every agent fail (in
+    streaming's lockstep the engine waited for the held-back agents' calls: all timed out)."""
+    barrier = threading.Barrier(16, timeout=10)
+
+    async def agent(client, row):
+        await asyncio.to_thread(barrier.wait)
+        return await tool_agent(client, row)
+    rows = [{"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i)} for i in range(16)]
+    trajs, stats, _, _ = run(tok, agent, rows, workers=16, timeout_s=30.0)
+    assert stats.failed == 0 and [x.env_reward for x in trajs] == [1.0] * 16
+
+
 def test_many_agents_of_random_latency_connect_at_once_and_all_finish(tok):
     """128 agents, 128 at once: each opens its connection in the same instant (the server's listen backlog)."""
     async def agent(client, row):

@@ -212,6 +212,11 @@ def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int, tur
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
+# Threads for the loop's blocking work: asyncio.to_thread in an agent (a synchronous framework's, e.g. smolagents'
+# agent.run) takes one for the agent's whole run. asyncio's default pool (cores + 4: 6 here) let only 6 of a rank's
+# agents run at once, and where the engine waits for an agent's next call (streaming, lockstep) the 7th never
+# started and the first 6 never got their answers: every agent timed out. Threads start only as they are needed.
+LOOP_THREADS = 1024
 
 
 def run_loop() -> asyncio.AbstractEventLoop:
@@ -224,6 +229,7 @@ def run_loop() -> asyncio.AbstractEventLoop:
     with _LOOP_LOCK:
         if _LOOP is None:
             _LOOP = asyncio.new_event_loop()
+            _LOOP.set_default_executor(cf.ThreadPoolExecutor(LOOP_THREADS, thread_name_prefix="rlcore-to-thread"))
             threading.Thread(target=_LOOP.run_forever, name="rlcore-env-async", daemon=True).start()
         return _LOOP
 
