@@ -91,7 +91,7 @@ def folder_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def test_folders_import_one_way():
     """No folder imports one that imports it, directly or through others: each folder (and each top-level module)
-    sits at one height, and a reader can learn the package from the bottom up (the README's tree lists it so)."""
+    sits at one height, and a reader can learn the package from the bottom up (docs/files.md's tree lists it so)."""
     folders = folder_edges(graph())
     assert {"rlcore.config", "rlcore.rollout", "rlcore.modes", "rlcore.train", "rlcore.models"} <= set(folders)
     assert "rlcore.config" in folders["rlcore.rollout"]  # the walk sees imports between folders
@@ -102,8 +102,9 @@ def test_folders_import_one_way():
 
 
 def test_the_readme_lists_the_folders_from_the_bottom_up():
-    """The README's tree names rlcore's folders in an order where each imports only those listed before it."""
-    readme = (ROOT / "README.md").read_text()
+    """The file tree (docs/files.md) names rlcore's folders in an order where each imports only those listed before
+    it."""
+    readme = (ROOT / "docs" / "files.md").read_text()
     tree = readme[readme.index("├── rlcore/"):readme.index("├── benchmarks/")]
     listed = ["rlcore." + m.group(1) for m in re.finditer(r"^│   [├└]── (\w+)(?:/|\.py)", tree, re.M)]
     folders = folder_edges(graph())
