@@ -156,4 +156,5 @@ if rank == 0:
     for case in result:
         result[case]["differences"] = sorted({d for r in every for d in r[case]["differences"]})
     out.write_text(json.dumps(result, indent=1))
+dist.barrier()  # neither rank leaves while the other still talks to it (gloo aborts on a vanished peer)
 dist.destroy_process_group()
