@@ -275,7 +275,8 @@ def test_the_handed_client_answers_as_the_openai_client_does(tok, monkeypatch):
     """The handed client sends a plain call straight to the endpoint (no transport), and what it returns or raises
     equals what the openai client's own path (taken for a call with extra_headers, through the InProcess
     transport) returns or raises: the same objects, the same trajectories token for token, the same error class,
-    status and body. A reply message appended as the pydantic object it is stays on the direct path."""
+    status and body. A reply message appended as the pydantic object it is stays on the direct path, and so does a
+    call through with_raw_response (LangChain's), whose parse() and http_response answer as the openai client's."""
     transported = []
     handle = InProcess.handle_async_request
 
@@ -286,40 +287,47 @@ def test_the_handed_client_answers_as_the_openai_client_does(tok, monkeypatch):
     replies = {}
 
     def agent_of(way):
+        async def create(resource, **kwargs):
+            if way != "raw":
+                return await resource.create(**kwargs, **({"extra_headers": {"x-way": way}} if way == "openai" else {}))
+            raw = await resource.with_raw_response.create(**kwargs)
+            assert raw.http_response.json() == raw.parse().model_dump(mode="json", exclude_unset=True)
+            return raw.parse()
+
         async def agent(client, row):
-            extra = {"extra_headers": {"x-way": way}} if way == "openai" else {}
             messages = [{"role": "user", "content": row["prompt"]}]
             if row.get("refused"):  # a 400, 3 calls (the budget), then its 429
                 for n in (2, 1, 1, 1, 1):
                     try:
-                        await client.chat.completions.create(model=MODEL, messages=messages, n=n, **extra)
+                        await create(client.chat.completions, model=MODEL, messages=messages, n=n)
                     except openai.APIStatusError as e:
                         replies.setdefault(way, []).append(
                             (type(e), e.status_code, e.body, e.response.headers["x-should-retry"]))
                 return 1.0
-            r1 = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, **extra)
+            r1 = await create(client.chat.completions, model=MODEL, messages=messages, tools=TOOLS)
             call = r1.choices[0].message.tool_calls[0]
             args = json.loads(call.function.arguments)
             messages += [r1.choices[0].message if way == "object" else r1.choices[0].message.model_dump(),
                          {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}]
-            r2 = await client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS, **extra)
-            text = await client.completions.create(model=MODEL, prompt=row["prompt"], max_tokens=4, **extra)
+            r2 = await create(client.chat.completions, model=MODEL, messages=messages, tools=TOOLS)
+            text = await create(client.completions, model=MODEL, prompt=row["prompt"], max_tokens=4)
             replies[way, row["prompt"]] = [r.model_dump(exclude={"created"}) for r in (r1, r2, text)]
             return float(r2.choices[0].message.content == row["answer"])
         return agent
     runs = {}
-    for way in ("direct", "object", "openai"):
+    for way in ("direct", "object", "raw", "openai"):
         transported.clear()
         trajs, stats, _, endpoint = run(tok, agent_of(way), ROWS + [{"prompt": "1+2=", "refused": True}], max_calls=3)
         runs[way] = [(x.prompt_ids, x.tokens, x.sampled, x.logprobs, x.env_reward, x.starts) for x in trajs]
         assert stats.failed == 1 and stats.rewritten == 2 and endpoint.answered == 11  # 3 calls a row, then 5
         assert len(transported) == (11 if way == "openai" else 0)
-    assert runs["direct"] == runs["object"] == runs["openai"]
+    assert runs["direct"] == runs["object"] == runs["raw"] == runs["openai"]
     assert [r[4] for r in runs["direct"]] == [1.0, 1.0, 0.0] and all(len(r[1]) > 10 for r in runs["direct"][:2])
     for row in ROWS:
-        assert replies["direct", row["prompt"]] == replies["object", row["prompt"]] == replies["openai", row["prompt"]]
+        assert replies["direct", row["prompt"]] == replies["object", row["prompt"]] == \
+            replies["raw", row["prompt"]] == replies["openai", row["prompt"]]
         assert replies["direct", row["prompt"]][1]["choices"][0]["message"]["content"] == row["answer"]
-    assert replies["direct"] == replies["object"] == replies["openai"]
+    assert replies["direct"] == replies["object"] == replies["raw"] == replies["openai"]
     assert [e[:2] + e[3:] for e in replies["direct"]] == [(openai.BadRequestError, 400, "false"),
                                                           (openai.RateLimitError, 429, "false")]
     assert "n=2 is refused" in replies["direct"][0][2]["message"] and replies["direct"][1][2]["code"] == \
