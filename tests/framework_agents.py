@@ -1,8 +1,9 @@
 """recipes/tooladd_agent.py with its agent written with a framework, for real runs: `recipe=tests/framework_agents.py`
-with AGENT in the environment. LangChain (langchain_ainvoke, the default, and langchain_astream) and the openai
-client streaming (openai_streamed) send the recipe's own tools and messages, so the prompts the warm start saw;
-LangChain over the rank's loopback HTTP server. The OpenAI Agents SDK (agents_responses, agents_chat) and smolagents
-(smolagents_tools) send their own system prompts and tool schemas: they get a long-context copy of the warm start."""
+with AGENT in the environment. LangChain (langchain_ainvoke, the default, and langchain_astream on the handed
+client; langchain_http with a client of its own over the rank's loopback HTTP server) and the openai client
+streaming (openai_streamed) send the recipe's own tools and messages, so the prompts the warm start saw. The OpenAI
+Agents SDK (agents_responses, agents_chat) and smolagents (smolagents_tools) send their own system prompts and tool
+schemas: they get a long-context copy of the warm start."""
 import importlib.util
 import json
 import os
@@ -16,9 +17,17 @@ recipe = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(recipe)
 
 
-async def _agent(client, row, stream: bool) -> float:
-    llm = ChatOpenAI(model="policy", base_url=str(client.base_url), api_key=client.api_key,
-                     max_retries=0).bind_tools(recipe.TOOLS)
+def chat_model(client, over_http: bool = False) -> ChatOpenAI:
+    """LangChain's chat model on the handed client (its calls answered in process, as the bare client's are), or
+    with a client of its own over the rank's loopback HTTP server."""
+    if over_http:
+        return ChatOpenAI(model="policy", base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
+    return ChatOpenAI(model="policy", api_key=client.api_key, root_async_client=client,
+                      async_client=client.chat.completions)
+
+
+async def _agent(client, row, stream: bool, over_http: bool = False) -> float:
+    llm = chat_model(client, over_http).bind_tools(recipe.TOOLS)
     messages = [HumanMessage(row["prompt"])]
     for turn in range(2):
         if stream:
@@ -44,6 +53,11 @@ async def langchain_ainvoke(client, row) -> float:
 
 async def langchain_astream(client, row) -> float:
     return await _agent(client, row, stream=True)
+
+
+async def langchain_http(client, row) -> float:
+    """LangChain with its own client, over HTTP (ainvoke)."""
+    return await _agent(client, row, stream=False, over_http=True)
 
 
 

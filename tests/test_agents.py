@@ -76,21 +76,20 @@ def test_agents_at_tp2_make_identical_engine_calls(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, agent", [("colocated", "openai"), ("split", "openai"), ("stream", "openai"),
-                                         ("colocated", "langchain"), ("split", "langchain")])
+                                         ("colocated", "langchain"), ("stream", "langchain")])
 def test_tooladd_agent_learns(tmp_path, mode, agent):
     """The openai-client agent on the tool task: held-out greedy accuracy +30 points by the demo's bar, no agent
     failing, the model's calls parsed into tool_calls; colocated and split k=1, the engine's logprobs equal to the
     trainer's. Streaming (k=1, lockstep) on two engines (3 ranks: each engine's first rank runs its own agents and
     endpoint, each streams half of every batch): a trajectory's calls span versions, no token more than 1 version
     old, and the probe after every in-flight load within 1e-3 (the per-token logprobs differ by the staleness).
-    The same agent written with LangChain (tests/framework_agents.py: ChatOpenAI.bind_tools, ainvoke colocated,
-    astream split) over the loopback HTTP server learns the same way, on the run's one event loop. (LangChain in
-    streaming learned as well, 8 steps, +30 points, when this test ran it: `AGENT=langchain_ainvoke torchrun --nproc-per-node 3
-    launch/train.py recipe=tests/framework_agents.py rollout.ranks=2 rollout.stream=true rollout.max_staleness=1
-    algorithm.tis_cap=2 train.steps=8`; left out of the suite for its time.)"""
+    The same agent written with LangChain (tests/framework_agents.py: ChatOpenAI.bind_tools on the handed client,
+    ainvoke colocated, astream streaming) learns the same way, on the run's one event loop. (LangChain in split
+    learned as well, with its own client over the loopback HTTP server, when an earlier version of this test ran it;
+    the Agents SDK's test runs split.)"""
     modes = {"split": ["rollout.ranks=1"],
              "stream": ["rollout.ranks=2", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
-    langchain = {"colocated": "langchain_ainvoke", "split": "langchain_astream"}
+    langchain = {"colocated": "langchain_ainvoke", "stream": "langchain_astream"}
     recipe = f"recipe={ROOT / 'tests' / 'framework_agents.py'}" if agent == "langchain" else "recipe=tooladd_agent"
     proc = train_warm(recipe, f"output_dir={tmp_path}", "train.steps=8", "train.eval_every=8", *modes.get(mode, []),
                       nproc=3 if mode == "stream" else 2, env={"AGENT": langchain.get(mode, "")})
@@ -114,8 +113,8 @@ def test_a_framework_agent_trains_with_its_own_prompts(tmp_path, agent, mode):
     ToolCallingAgent (tool_choice="required", stop strings, its ~4,000-token system prompt), unchanged, on the tool
     task's warm start with a longer context (tests/framework_agents.py): 3 steps, every step trained, no agent
     failing, the engine's logprobs equal to the trainer's. The Agents SDK in a split mesh, smolagents colocated (one
-    mode each, to keep the suite short: the endpoint serves every mode the same way, and LangChain's and the bare
-    client's agents run in all three). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
+    mode each, to keep the suite short: the endpoint serves every mode the same way, the bare client's agent runs
+    in all three and LangChain's colocated and streaming). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
     smolagents_tools torchrun --nproc-per-node 3 launch/train.py recipe=tests/framework_agents.py train.steps=3
     rollout.ranks=2 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2`), 22 s a step: not in the
     suite. It found that asyncio.to_thread ran 6 agents of a rank at once (test_endpoint.py's synchronous agents)."""

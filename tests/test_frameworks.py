@@ -7,21 +7,32 @@ loop, as the run keeps it); tests/test_agents.py trains them on the real engine.
 import framework_agents
 import pytest
 
+from rlcore.rollout.endpoint import Endpoint
+from rlcore.rollout.wire import InProcess
+
 from test_endpoint import ROWS, run, tok  # noqa: F401  (tok: the fixture)
 
 MAX_LEN = 4096  # the frameworks' own system prompts and tool schemas, in the tool task's tokenizer
 
 
-@pytest.mark.parametrize("framework", ["agents_chat", "agents_responses", "langchain_ainvoke", "langchain_astream"])
-def test_a_framework_agent_runs_unchanged_for_several_rollouts(tok, framework):
+@pytest.mark.parametrize("framework", ["agents_chat", "agents_responses", "langchain_ainvoke", "langchain_astream",
+                                       "langchain_http"])
+def test_a_framework_agent_runs_unchanged_for_several_rollouts(tok, framework, monkeypatch):
     """Three rollouts, one event loop (the run's): no agent fails, the tool is called, the answer read. The
-    framework's own HTTP clients and caches made on the first rollout serve the next."""
+    framework's own HTTP clients and caches made on the first rollout serve the next. LangChain on the handed
+    client never leaves the process: neither the HTTP server nor the openai client's own path (the InProcess
+    transport) sees a call; with its own client every call goes over HTTP."""
+    ways = []
+    for cls, name in ((Endpoint, "handle"), (InProcess, "handle_async_request")):
+        monkeypatch.setattr(cls, name, lambda *a, _f=getattr(cls, name), _n=name: ways.append(_n) or _f(*a))
     agent = getattr(framework_agents, framework)
     for _ in range(3):
         trajs, stats, engine, endpoint = run(tok, agent, ROWS, max_len=MAX_LEN, max_calls=6)
         assert stats.failed == 0, stats.first_error
         assert [x.env_reward for x in trajs] == [1.0, 1.0]
         assert stats.calls == 4 and all(sum(x.sampled) > 0 for x in trajs)
+    if framework.startswith("langchain"):
+        assert ways == (["handle"] * 12 if framework == "langchain_http" else [])
 
 
 def test_smolagents_forces_its_calls_and_stops_on_its_strings(tok):
