@@ -4,9 +4,15 @@ rollout time per step.
 
     python benchmarks/endpoint.py                      # 3 rounds of 10 steps each, alternating, 2 ranks colocated
 
-Four contenders: the task as an environment; the openai-client agent through the endpoint; the same agent with
+Five contenders: the task as an environment; the openai-client agent through the endpoint; the same agent with
 stream=True (the answers as server-sent events); the same agent written with LangChain (tests/framework_agents.py:
-its own client over the rank's loopback HTTP server, LangChain's message objects and parsing).
+LangChain's message objects and parsing) on the handed client, and with a client of its own over the rank's
+loopback HTTP server.
+
+The agents' own cost is measured apart, in this process: the CPU seconds one rank's trajectories of a step (128)
+spend in each agent's code when a canned endpoint answers at once (a tool call, then the answer), through the
+handed client's direct path. On the run's ranks it runs on the core the engine runs on, so it adds to the rollout
+time; the framework's own cost is LangChain's minus the bare agent's.
 
 Both start from the same warm start with the same seeds (a trajectory's call k is seeded like an environment's
 turn k), the same tool latency (2-20 ms by call) and the same budgets; eval is off. Reported: per run the median
@@ -36,7 +42,8 @@ CONTENDERS = {"environment": ["recipe=tooladd", "rollout.schedule=continuous"],
               "endpoint": ["recipe=tooladd_agent"],
               # the same agent with stream=True, and written with LangChain (its own client, loopback HTTP)
               "endpoint streamed": ["recipe=tests/framework_agents.py", "AGENT=openai_streamed"],
-              "langchain": ["recipe=tests/framework_agents.py", "AGENT=langchain_ainvoke"]}
+              "langchain": ["recipe=tests/framework_agents.py", "AGENT=langchain_ainvoke"],
+              "langchain http": ["recipe=tests/framework_agents.py", "AGENT=langchain_http"]}
 WORKLOADS = {"tool task": [],
              "long calls": ["model.path={random}", "rollout.max_new_tokens=64", "rollout.max_total_tokens=64",
                             "rollout.max_turns=1"]}
@@ -75,6 +82,57 @@ def run(name: str, workload: str, steps: int, out: Path, random: Path) -> dict:
             "reward": common.median(r["reward/mean"] for r in rows)}
 
 
+CALL = {"id": "c", "object": "chat.completion", "created": 0, "model": "policy", "usage": {
+    "prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42}, "choices": [{"index": 0, "finish_reason":
+    "tool_calls", "message": {"role": "assistant", "content": None, "tool_calls": [{"id": "call_0", "type":
+    "function", "function": {"name": "add", "arguments": '{"a": 17, "b": 25}'}}]}}]}
+ANSWER = CALL | {"choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "42"}}]}
+
+
+class Canned:
+    """An endpoint that answers at once: a tool call to the first call of a trajectory, then the answer (as
+    server-sent events when asked to stream)."""
+    base_url = "http://127.0.0.1:9/v1"
+
+    async def ahandle(self, method: str, path: str, auth: str, body: bytes):
+        from rlcore.rollout.sse import Events
+        req = json.loads(body)
+        answer = CALL if len(req["messages"]) == 1 else ANSWER
+        if not req.get("stream"):
+            return 200, answer
+        message = answer["choices"][0]["message"]
+        delta = {"role": "assistant", "content": message["content"]} | (
+            {"tool_calls": [{"index": 0} | message["tool_calls"][0]]} if "tool_calls" in message else {})
+        chunk = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        return 200, Events([("", chunk | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}),
+                            ("", chunk | {"choices": [{"index": 0, "delta": {},
+                                                       "finish_reason": answer["choices"][0]["finish_reason"]}]})])
+
+
+def own_cost(name: str, trajectories: int = 128, rounds: int = 7) -> float:
+    """CPU seconds of one rank's step of trajectories of contender `name`'s agent, against Canned (median of
+    rounds, after one to warm up); each trajectory gets a client of its own, made as a run makes them."""
+    import asyncio
+    import time
+
+    from rlcore.rollout.wire import Clients
+    sys.path.insert(0, str(common.ROOT / "tests"))
+    import framework_agents
+    agent = {"endpoint": framework_agents.recipe.agent, "endpoint streamed": framework_agents.openai_streamed,
+             "langchain": framework_agents.langchain_ainvoke}[name]
+    made = Clients(Canned())
+
+    async def step() -> float:
+        start = time.process_time()
+        clients = [made.client(f"t{i}", 60.0) for i in range(trajectories)]
+        await asyncio.gather(*(agent(c, {"prompt": "17+25=", "answer": "42"}) for c in clients))
+        return time.process_time() - start
+
+    async def steps() -> list[float]:
+        return [await step() for _ in range(rounds + 1)][1:]
+    return common.median(asyncio.run(steps()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
@@ -100,11 +158,22 @@ def main() -> None:
         runs = ", ".join(f"{r['rollout_s']:.2f}" for r in results[w, name])
         lines.append(f"| {w} | {name} | {m['rollout_s']:.3f} | {m['tokens']:.0f} | {m['reward']:.3f} | {runs} |")
     lines.append("")
-    goals = {("endpoint", "environment"): 1.15, ("endpoint streamed", "endpoint"): 1.2, ("langchain", "endpoint"): 1.3}
+    goals = {("endpoint", "environment"): 1.15, ("endpoint streamed", "endpoint"): 1.2, ("langchain", "endpoint"): 1.3,
+             ("langchain http", "endpoint"): None}
     for w in workloads:
         for (a, b), goal in goals.items():
             ratio = med[w, a]["rollout_s"] / med[w, b]["rollout_s"]
-            lines.append(f"{w}: {a} / {b} rollout time **{ratio:.2f}x** (goal <= {goal}x)  ")
+            lines.append(f"{w}: {a} / {b} rollout time **{ratio:.2f}x**" + (f" (goal <= {goal}x)  " if goal else "  "))
+    own = {name: own_cost(name) for name in ("endpoint", "endpoint streamed", "langchain")}
+    framework = own["langchain"] - own["endpoint"]
+    lines += ["", "The agents' own CPU, one rank's step of 128 trajectories against a canned endpoint (medians of 7): "
+              + ", ".join(f"{name} {s:.3f} s" for name, s in own.items())
+              + f"; LangChain's own cost {framework:.3f} s a step a rank ({framework / 128 * 1e3:.2f} ms a trajectory)."]
+    for w in workloads:  # the rest of the difference is the path's (the ranks' other core may overlap some)
+        more = med[w, "langchain"]["rollout_s"] - med[w, "endpoint"]["rollout_s"]
+        net = max(more - framework, 0.0) / med[w, "endpoint"]["rollout_s"]
+        lines.append(f"{w}: langchain - endpoint {more:.3f} s a step, of which LangChain's own code up to "
+                     f"{min(framework, more):.3f} s; without it **{1 + net:.2f}x** (goal <= 1.3x)  ")
     common.write_section("Agent endpoint overhead (benchmarks/endpoint.py)",
                          f"python benchmarks/endpoint.py --rounds {args.rounds} --steps {args.steps}"
                          + (f" --workloads '{args.workloads}'" if workloads != list(WORKLOADS) else ""), lines)
