@@ -64,3 +64,23 @@ def test_the_check_can_fail():
     assert problems(made_up, text) == ["made up: x9.99 not in its section", "made up: 17.2% not in its section",
                                        f"no such section: no heading for [demo]({demo}-9)"]
     assert "a-b-1" in sections("## A b\n## A b\n")  # repeats numbered as GitHub does
+
+
+def test_the_on_paper_model_by_hand():
+    """benchmarks/async_paper.py's formulas on 8 GPUs, phi = 0.6, 60 s generation + 40 s training, 0.12 s transfer,
+    worked by hand. Split k=1, R engines: max(60 x (0.6 x 8 / R + 0.4), 40 x 8 / (8 - R)) + 0.12, best at R=4:
+    max(96, 80) = 96. Streaming k=2 at occupancy 0.8, no freeze, lag 1.25 trainer steps: max(60 x 0.6 x 8 / R / 0.8,
+    40 x 8 / (8 - R), (60 x 0.4 + 1.25 x t) / 3), best at R=4: max(90, 80, 41.3) = 90; with a 0.5 freeze at R=4
+    90 + 40 = 130 > R=5's max(72 + 53.3, 106.7, 52.4) = 125.3."""
+    import sys
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.async_paper import on_paper
+    (row,) = on_paper(60.0, 40.0, {8: 0.12}, {8: 0.12}, [0.6], occupancy=0.8, frozen={1: 0.0, 2: 0.0})
+    assert (row["Rk1"], row["Rs2"]) == (4, 4)
+    assert abs(row["k1"] - 96.12) < 1e-9 and abs(row["s2"] - 90.12) < 1e-9
+    (row,) = on_paper(60.0, 40.0, {8: 0.12}, {8: 0.12}, [0.6], occupancy=0.8, frozen={2: 0.5})
+    assert row["Rs2"] == 5 and abs(row["s2"] - (72 + 0.5 * 320 / 3 + 0.12)) < 1e-9
+    (row,) = on_paper(60.0, 40.0, {8: 0.12}, {8: 0.12}, [0.25], occupancy=1.0, frozen={1: 0.0}, lag=2.0)
+    # k=1, R engines: max(60 x 0.25 x 8 / R, 320 / (8 - R), (45 + 2 x 320 / (8 - R)) / 2): R=3 max(40, 64, 86.5)
+    # = 86.5, R=2 max(60, 53.3, 75.8) = 75.8, R=1 max(120, 45.7, 68.2) = 120: the chain picks R=2
+    assert row["Rs1"] == 2 and abs(row["s1"] - ((45 + 2 * 320 / 6) / 2 + 0.12)) < 1e-9
