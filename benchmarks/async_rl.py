@@ -49,6 +49,12 @@ CONTENDERS = {
     "stream k=2": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2"],
     # Half a batch in flight at most: the latency chain of the 24-turn group then fills the engine at k=2.
     "stream k=2 r32": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=32"],
+    # Two groups in flight at most: the 24-turn group's chain no longer bounds the engine, its slots do (a GPU
+    # batch's shape: a batch's tokens many times the slots x the longest trajectory / (k + 1)).
+    "stream k=2 r16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16"],
+    # ... with the answers (instant here) joining 1 engine step after a turn instead of 2: fewer idle slots.
+    "stream k=2 r16 j1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                          "rollout.join_steps=1"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],
@@ -155,14 +161,17 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="append a RESULTS.md section")
     parser.add_argument("--report-from", default="", help="report the steps kept by --json PATH (no runs)")
     parser.add_argument("--on-paper", action="store_true", help="print the 7B on-paper table (no runs)")
-    parser.add_argument("--occupancy", type=float, default=1.0, help="on paper: streaming engines' occupancy")
+    parser.add_argument("--occupancy", type=float, default=1.0,
+                        help="on paper: streaming engines' occupancy where the latency chain does not bound it")
+    parser.add_argument("--lag", type=float, default=1.25,
+                        help="on paper: the load lag in trainer steps (auto: its margin, 1.25)")
     parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
                         help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
     args = parser.parse_args()
     args.only = args.only or DEFAULT + (["stream k=1 continuous"] if args.workload == "agent" else [])
     if args.on_paper:
         from benchmarks.async_paper import print_on_paper
-        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)))
+        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)), args.lag)
     overrides, occupancy = workload(args)  # builds the models and data outside the timed runs
     if args.report_from:
         results = json.loads(Path(args.report_from).read_text())

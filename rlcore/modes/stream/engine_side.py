@@ -276,7 +276,7 @@ class Engine:
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads {self.lag} engine steps after its batch is "
                   f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s, first quartile, x {MARGIN}, "
-                  f"measured over versions 1-{v}; rollout.load_lag_steps={self.lag} repeats this run)", flush=True)
+                  f"measured over versions 1-{v}; rollout.load_lag_steps={self.lag} uses it from version 1)", flush=True)
 
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
