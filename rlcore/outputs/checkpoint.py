@@ -43,6 +43,8 @@ from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import first_error
 
 MARKER = "COMPLETE.json"
+# What a checkpoint saved before a key resolve() keeps existed ran with.
+SAVED_BEFORE = {"rollout.load_lag_steps": "auto"}
 # Keys a resumed run may change without a note (they say how long or how often, not what is trained).
 VOLATILE = ("resume", "plan.show", "plan.strict", "logging.wandb", "logging.wandb_project", "name", "output_dir",
             "train.steps", "train.save_every", "train.keep_checkpoints", "train.export_every", "train.eval_every",
@@ -125,16 +127,14 @@ def resolve(cfg, run_dir: Path, meta: dict) -> tuple[Path | None, list[str]]:
             raise ValueError(f"resume: checkpoint {path} was saved by a run with {field} '{saved[key]}', "
                              f"but this run has {field} '{meta[key]}'")
     # A split mesh's checkpoint holds its batches in flight, sampled ahead by its staleness; a colocated one
-    # holds none. They do not convert into each other.
-    # A split one's rollout ranks continue as they were (prompt streams, batches in flight): only the trainer count
-    # may change.
-    split = saved["config"].get("rollout.ranks", 0)
-    layout = ("rollout.ranks", "rollout.max_staleness", "rollout.stream")
-    # Streaming's load points follow rollout.load_lag_steps: another lag would load versions at other engine steps.
-    stream = ("rollout.tensor_parallel", "rollout.load_lag_steps") if saved["config"].get("rollout.stream") else ()
-    for key in layout + (("rollout.tensor_parallel",) if split else ()) + stream:
-        before, now = (saved["config"].get(key, 0 if key != "rollout.load_lag_steps" else "auto"),
-                       meta["config"].get(key, 0))
+    # holds none. They do not convert into each other. A split one's rollout ranks continue as they were (prompt
+    # streams, batches in flight): only the trainer count may change. Streaming's load points follow
+    # rollout.load_lag_steps: another lag would load versions at other engine steps.
+    split, stream = saved["config"].get("rollout.ranks", 0), saved["config"].get("rollout.stream")
+    kept = ["rollout.ranks", "rollout.max_staleness", "rollout.stream"] + \
+        ["rollout.tensor_parallel"] * bool(split or stream) + ["rollout.load_lag_steps"] * bool(stream)
+    for key in kept:
+        before, now = saved["config"].get(key, SAVED_BEFORE.get(key, 0)), meta["config"].get(key, 0)
         if before != now:
             raise ValueError(f"resume: checkpoint {path} was saved with {key}={before}, but this run has {key}={now}; "
                              f"resume with the same layout")
