@@ -333,6 +333,24 @@ def test_stream_learns_on_a_tp2_engine_and_two_fsdp_trainers_at_k2_with_free_loa
 
 
 @pytest.mark.slow
+def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
+    """rollout.load_lag_steps=auto with a tensor-parallel engine (2 ranks) and 2 FSDP trainers, k=2: each engine
+    rank measures its own step times, and the lag it fixes at load 2 is the largest over the rollout ranks (the
+    ranks of one engine must load at the same step, or their collectives part). One line gives it; every later
+    load is logged with it; the run learns (+30 points) with each in-flight load within the probe's bound."""
+    proc = torchrun(ROOT / "launch" / "train.py", "recipe=demo", "rollout.ranks=2", "rollout.tensor_parallel=2",
+                    "rollout.stream=true", "rollout.max_staleness=2", "algorithm.tis_cap=2", "train.steps=5",
+                    "train.eval_every=5", f"output_dir={tmp_path}", nproc=4)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    (lag,) = re.findall(r"rollout.load_lag_steps=auto: each version loads (\d+) engine steps after", proc.stdout)
+    rows = metrics(tmp_path / "demo")
+    assert [r["stream/lag_steps"] for r in rows[1:]] == [-1] + [int(lag)] * 4
+    assert all(r["stream/load_lag"] <= int(lag) for r in rows[3:])  # at the lag, or earlier with nothing in flight
+    assert all(r["async/probe_logprob_diff_max"] < 1e-3 for r in rows[1:])
+    assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
+
+
+@pytest.mark.slow
 def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path):
     """The tool task (2 turns: a call, the answer), 1 engine + 1 trainer at k=1, its tool 0-30 ms late at random.
     Run A learns +30 points, with turns spanning versions, tool calls and no token more than 1 version old. Run B
