@@ -89,7 +89,8 @@ async def openai_streamed(client, row) -> float:
 
 def config():
     """recipes/tooladd_agent.py with AGENT's agent; a framework's own prompts get the long-context copy of the warm
-    start, a short batch and one call more per trajectory."""
+    start, a short batch (smolagents, whose prompts are ~4,000 tokens: half of it) and one call more per
+    trajectory."""
     cfg = recipe.config()
     name = os.environ.get("AGENT", "langchain_ainvoke")
     cfg.rollout.agent = globals()[name]
@@ -98,6 +99,8 @@ def config():
         cfg.rollout.max_model_len = LONG if name == "smolagents_tools" else 1024
         cfg.rollout.max_turns = 4
         cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 4, 24
+        if name == "smolagents_tools":
+            cfg.rollout.prompts_per_step = 2
         cfg.data.eval_path = ""
     return cfg
 
