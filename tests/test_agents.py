@@ -107,14 +107,16 @@ def test_tooladd_agent_learns(tmp_path, mode, agent):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent, mode", [("agents_responses", "split"), ("smolagents_tools", "colocated")])
+@pytest.mark.parametrize("agent, mode", [("agents_responses", "split"), ("agents_responses", "stream"),
+                                         ("smolagents_tools", "colocated")])
 def test_a_framework_agent_trains_with_its_own_prompts(tmp_path, agent, mode):
     """The OpenAI Agents SDK (its default Responses model, and its chat-completions model) and smolagents'
     ToolCallingAgent (tool_choice="required", stop strings, its ~4,000-token system prompt), unchanged, on the tool
     task's warm start with a longer context (tests/framework_agents.py): 3 steps, every step trained, no agent
-    failing, the engine's logprobs equal to the trainer's. The Agents SDK in a split mesh, smolagents colocated (one
-    mode each, to keep the suite short: the endpoint serves every mode the same way, the bare client's agent runs
-    in all three and LangChain's colocated and streaming). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
+    failing, the engine's logprobs equal to the trainer's (the probe's, streaming). The Agents SDK in a split mesh
+    and streaming, smolagents colocated (to keep the suite short: split's rollout ranks run agents as colocated
+    ones do, streaming its own way; the bare client's agent runs in all three modes, LangChain's colocated and
+    streaming). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
     smolagents_tools torchrun --nproc-per-node 3 launch/train.py recipe=tests/framework_agents.py train.steps=3
     rollout.ranks=2 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2`), 22 s a step: not in the
     suite. It found that asyncio.to_thread ran 6 agents of a rank at once (test_endpoint.py's synchronous agents)."""
