@@ -168,7 +168,8 @@ def main() -> None:
     framework = own["langchain"] - own["endpoint"]
     lines += ["", "The agents' own CPU, one rank's step of 128 trajectories against a canned endpoint (medians of 7): "
               + ", ".join(f"{name} {s:.3f} s" for name, s in own.items())
-              + f"; LangChain's own cost {framework:.3f} s a step a rank ({framework / 128 * 1e3:.2f} ms a trajectory)."]
+              + f"; LangChain's own cost {framework:.3f} s a step a rank "
+              f"({framework / 128 * 1e3:.2f} ms a trajectory)."]
     for w in workloads:  # the rest of the difference is the path's (the ranks' other core may overlap some)
         more = med[w, "langchain"]["rollout_s"] - med[w, "endpoint"]["rollout_s"]
         net = max(more - framework, 0.0) / med[w, "endpoint"]["rollout_s"]

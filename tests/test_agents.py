@@ -118,8 +118,8 @@ def test_a_framework_agent_trains_with_its_own_prompts(tmp_path, agent, mode):
     ones do, streaming its own way; the bare client's agent runs in all three modes, LangChain's colocated and
     streaming). smolagents in streaming trains too (3 steps, no agent failing: `AGENT=
     smolagents_tools torchrun --nproc-per-node 3 launch/train.py recipe=tests/framework_agents.py train.steps=3
-    rollout.ranks=2 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2`), 10 s a step, 58 s in all: not in the
-    suite. It found that asyncio.to_thread ran 6 agents of a rank at once (test_endpoint.py's synchronous agents)."""
+    rollout.ranks=2 rollout.stream=true rollout.max_staleness=1 algorithm.tis_cap=2`), 10 s a step, 58 s in all:
+    not in the suite. It found that asyncio.to_thread ran 6 agents of a rank at once (test_endpoint.py's synchronous agents)."""
     modes = {"split": ["rollout.ranks=1"], "stream": ["rollout.ranks=2", "rollout.stream=true",
                                                        "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
     proc = train_warm(f"recipe={ROOT / 'tests' / 'framework_agents.py'}", f"output_dir={tmp_path}", "train.steps=3",
