@@ -14,6 +14,7 @@ import torch
 from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout import agents, chat
 from rlcore.rollout.endpoint import MODEL, Endpoint
+from rlcore.rollout.env import post
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.rollout.wire import Clients, InProcess
@@ -449,6 +450,41 @@ def test_synchronous_agents_in_threads_all_run_at_once(tok):
     rows = [{"prompt": f"{10 + i}+{20 + i}=", "answer": str(30 + 2 * i)} for i in range(16)]
     trajs, stats, _, _ = run(tok, agent, rows, workers=16, timeout_s=30.0)
     assert stats.failed == 0 and [x.env_reward for x in trajs] == [1.0] * 16
+
+
+def test_a_burst_of_answers_wakes_the_agents_loop_once():
+    """rlcore.rollout.env.post, how answers and agent starts reach the event loop from the engine's thread: what is
+    posted while the loop is busy runs in order after one wake-up of the loop (call_soon_threadsafe, a system
+    call) for the whole burst, not one each; a callback that raises is reported and the rest still run; a post
+    after the burst wakes the loop again."""
+    loop, wakes, ran, errors = asyncio.new_event_loop(), [], [], []
+    wake = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: wakes.append(a) or wake(*a)
+    loop.set_exception_handler(lambda _, context: errors.append(str(context["exception"])))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    busy, go = threading.Event(), threading.Event()
+    post(loop, lambda: (busy.set(), go.wait(10)))  # the loop runs this callback until `go`
+    assert busy.wait(10)
+    for i in range(100):
+        post(loop, ran.append, i)
+        if i == 50:
+            post(loop, lambda: 1 / 0)
+    done = threading.Event()
+    post(loop, done.set)
+    go.set()
+    assert done.wait(10)
+    assert ran == list(range(100)) and errors == ["division by zero"] and len(wakes) == 2
+    post(loop, ran.append, 100)
+    post(loop, done.clear)
+    for _ in range(1000):
+        if not done.is_set():
+            break
+        threading.Event().wait(0.01)
+    assert ran[-1] == 100 and not done.is_set() and len(wakes) == 3
+    wake(loop.stop)
+    thread.join(10)
+    loop.close()
 
 
 def test_many_agents_of_random_latency_connect_at_once_and_all_finish(tok):

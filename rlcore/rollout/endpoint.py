@@ -48,6 +48,7 @@ from typing import Callable
 
 from rlcore.rollout import chat
 from rlcore.rollout import responses, sse
+from rlcore.rollout.env import post
 from rlcore.rollout.fields import CHAT_FIELDS, COMPLETION_FIELDS, MODEL, APIError, Asked, check, cut
 from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
 from rlcore.rollout.toolcall import PARSERS, forced_opener
@@ -62,7 +63,7 @@ class Pending:
     """A call in the engine: its session, the future the rollout loop answers, sample -> response body, and for
     a streamed call the body -> its events."""
     session: Session
-    future: cf.Future
+    future: cf.Future | asyncio.Future  # an HTTP thread's / an agent's on the run's event loop
     respond: Callable[[object], dict]
     stream: Callable[[dict], sse.Events] | None = None
 
@@ -87,6 +88,7 @@ class Endpoint:
         self.render_lock = threading.Lock()  # one tokenizer, many HTTP threads
         self.renders: dict[tuple, tuple[int, ...]] = {}  # (kind, messages as JSON) -> token ids
         self.answered = 0  # HTTP requests answered (refusals included)
+
         self.reported = False  # whether the run has printed an agent's failure
         from rlcore.rollout.wire import serve
         self.httpd = serve(self)
@@ -106,7 +108,8 @@ class Endpoint:
             s.closed = True
             s.failed = s.failed or why
             for fut in s.pending.values():
-                settle(fut, exception=APIError(400, f"the trajectory ended: {why or 'closed'}", code="trajectory_ended"))
+                self.answer(fut, exception=APIError(400, f"the trajectory ended: {why or 'closed'}",
+                                                    code="trajectory_ended"))
             s.pending.clear()
         self.sessions.pop(s.token, None)
 
@@ -129,7 +132,15 @@ class Endpoint:
                                 sample.finish_reason))
             fut = s.pending.pop(request.call, None)
         if fut is not None:
-            settle(fut, result=sample)
+            self.answer(fut, result=sample)
+
+    def answer(self, fut: cf.Future | asyncio.Future, result=None, exception: BaseException | None = None) -> None:
+        """Answer a waiting call: an HTTP thread's at once; an agent's, awaited on its event loop, on that loop,
+        with one wake-up of it for a burst of answers (an engine step's: rlcore.rollout.env.post)."""
+        if isinstance(fut, cf.Future):
+            settle(fut, result, exception)
+        else:
+            post(fut.get_loop(), settle, fut, result, exception)
 
     # ---- one HTTP request -----------------------------------------------------------------------------------
 
@@ -147,7 +158,7 @@ class Endpoint:
         """The same, on an event loop (the agents' clients in process): awaits the engine instead of blocking."""
         out = self.start(method, path, auth, body)
         if isinstance(out, Pending):
-            sample = await asyncio.wrap_future(out.future)  # an APIError when the trajectory ended meanwhile
+            sample = await out.future  # an APIError when the trajectory ended meanwhile
             out = self.finish(out, lambda: sample)
         return out
 
@@ -301,7 +312,10 @@ class Endpoint:
         if room < 1:
             raise APIError(400, f"the prompt is {len(ids)} tokens; the engine's context is {self.max_len} "
                                 f"(rollout.max_model_len)", param="messages", code="context_length_exceeded")
-        fut: cf.Future = cf.Future()
+        try:  # an agent's call in process (ahandle) waits on its event loop; an HTTP thread blocks
+            fut = asyncio.get_running_loop().create_future()
+        except RuntimeError:
+            fut = cf.Future()
         with s.lock:
             if s.closed:
                 raise APIError(400, f"the trajectory ended: {s.failed or 'closed'}", code="trajectory_ended")
@@ -323,13 +337,13 @@ class Endpoint:
                 "total_tokens": len(ids) + len(sample.token_ids)}
 
 
-def settle(fut: cf.Future, result=None, exception: BaseException | None = None) -> None:
+def settle(fut: cf.Future | asyncio.Future, result=None, exception: BaseException | None = None) -> None:
     """Answer a waiting call, unless its agent was cancelled meanwhile (a timeout, or a stopping run: cancelling
-    the agent cancels the future it awaits, on the agents' event loop thread)."""
+    the agent cancels the future it awaits, on the agents' event loop thread). An asyncio future only on its loop."""
     try:
         if exception is not None:
             fut.set_exception(exception)
         else:
             fut.set_result(result)
-    except cf.InvalidStateError:
+    except (cf.InvalidStateError, asyncio.InvalidStateError):
         pass

@@ -33,7 +33,7 @@ rollout.env_timeout_s or the continuous schedule's budgets) and the tool calls o
 (rollout.max_tool_calls). rlcore's tools keep to them (rlcore.rollout.tools); a long-running environment
 should too, since a call the loop gives up on cannot be stopped (Python cannot stop a thread).
 
-Why one file of ~310 lines: the protocol users implement and the runner that calls it with deadlines read side by
+Why one file of ~330 lines: the protocol users implement and the runner that calls it with deadlines read side by
 side: the contract and its enforcement.
 """
 from __future__ import annotations
@@ -51,6 +51,7 @@ from typing import Any, Callable
 
 from rlcore.config import RolloutConfig
 from rlcore.config.errors import describe
+from rlcore.rollout.loop import post, run_loop
 
 
 @dataclass
@@ -210,30 +211,6 @@ def call_all(calls: list[Callable[[], Any]], timeout_s: float, workers: int, tur
     return [out[i] for i in range(len(calls))]
 
 
-_LOOP: asyncio.AbstractEventLoop | None = None
-_LOOP_LOCK = threading.Lock()
-# Threads for the loop's blocking work: asyncio.to_thread in an agent (a synchronous framework's, e.g. smolagents'
-# agent.run) takes one for the agent's whole run. asyncio's default pool (cores + 4: 6 here) let only 6 of a rank's
-# agents run at once, and where the engine waits for an agent's next call (streaming, lockstep) the 7th never
-# started and the first 6 never got their answers: every agent timed out. Threads start only as they are needed.
-LOOP_THREADS = 1024
-
-
-def run_loop() -> asyncio.AbstractEventLoop:
-    """The rank's one event loop for coroutine calls (agents, async environments), in a daemon thread, for the
-    whole run. What an agent or its library keeps between calls (an async HTTP client and its connection pool,
-    LangChain's per-process client among them) is bound to the loop it was made on, so every rollout's calls run
-    on this loop, which is never closed. (A call that blocks the loop for good, a synchronous sleep in an agent,
-    holds up every later call too: they time out, rollout.env_timeout_s, and the trajectories fail.)"""
-    global _LOOP
-    with _LOOP_LOCK:
-        if _LOOP is None:
-            _LOOP = asyncio.new_event_loop()
-            _LOOP.set_default_executor(cf.ThreadPoolExecutor(LOOP_THREADS, thread_name_prefix="rlcore-to-thread"))
-            threading.Thread(target=_LOOP.run_forever, name="rlcore-env-async", daemon=True).start()
-        return _LOOP
-
-
 class EnvRunner:
     """This rank's environment calls off the main thread: plain functions on `workers` daemon threads, coroutine
     functions on the rank's one event loop (`run_loop`), at most `workers` of each running at once.
@@ -257,8 +234,9 @@ class EnvRunner:
 
     def submit(self, i: int, fn: Callable, *args) -> None:
         clock: dict = {}
-        if inspect.iscoroutinefunction(fn):
-            future = asyncio.run_coroutine_threadsafe(self._limited(fn, args, clock), self._event_loop())
+        if inspect.iscoroutinefunction(fn):  # a task on the loop, its outcome in `future` (run_coroutine_threadsafe's
+            future = cf.Future()             # way, with the loop woken once for a burst of them: post)
+            post(self._event_loop(), self._start, future, fn, args, clock)
         else:
             future = cf.Future()
             self.jobs.put((future, fn, args, clock))
@@ -277,6 +255,24 @@ class EnvRunner:
                 future.set_result(within(self._limits(clock["t"]), fn, *args))
             except Exception as e:  # the environment's own error: handed to finished() with the future
                 future.set_exception(e)
+
+    def _start(self, future: cf.Future, fn: Callable, args: tuple, clock: dict) -> None:
+        """On the loop: the call as a task whose outcome goes to `future`; cancelling `future` cancels it."""
+        if future.cancelled():  # dropped before it started
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._limited(fn, args, clock))
+
+        def outcome(t: asyncio.Task) -> None:
+            if t.cancelled():
+                future.cancel()
+            elif future.set_running_or_notify_cancel():
+                if t.exception() is not None:
+                    future.set_exception(t.exception())
+                else:
+                    future.set_result(t.result())
+        task.add_done_callback(outcome)
+        future.add_done_callback(lambda f: f.cancelled() and post(loop, task.cancel))
 
     async def _limited(self, fn, args, clock):
         if self.limit is None:
