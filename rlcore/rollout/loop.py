@@ -34,9 +34,9 @@ def run_loop() -> asyncio.AbstractEventLoop:
 
 
 class _Posts:
-    """Callbacks handed to one event loop from other threads, a burst of them with one wake-up of the loop: a
-    wake-up writes to the loop's socket (a system call, ~0.07 ms here): one per agent started and per call
-    answered is 1.5 a call of the tool task's agent rollout (~5% of it on 2 CPU cores, benchmarks/RESULTS.md)."""
+    """Callbacks handed to one event loop from other threads, a burst of them with one wake-up of the loop. A
+    wake-up writes to the loop's socket, a system call (~0.07 ms here); one for each agent started and each call
+    answered cost the tool task's agent rollout ~5% on 2 CPU cores (benchmarks/RESULTS.md)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = weakref.ref(loop)  # (kept in _POSTS by the loop: no reference back to it)
