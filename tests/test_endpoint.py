@@ -455,8 +455,8 @@ def test_synchronous_agents_in_threads_all_run_at_once(tok):
 def test_a_burst_of_answers_wakes_the_agents_loop_once():
     """rlcore.rollout.env.post, how answers and agent starts reach the event loop from the engine's thread: what is
     posted while the loop is busy runs in order after one wake-up of the loop (call_soon_threadsafe, a system
-    call) for the whole burst, not one each; a callback that raises is reported and the rest still run; a post
-    after the burst wakes the loop again."""
+    call) for the whole burst, not one each; a callback that raises is reported and the rest still run; the next
+    burst wakes the loop again, once."""
     loop, wakes, ran, errors = asyncio.new_event_loop(), [], [], []
     wake = loop.call_soon_threadsafe
     loop.call_soon_threadsafe = lambda *a: wakes.append(a) or wake(*a)
@@ -475,13 +475,18 @@ def test_a_burst_of_answers_wakes_the_agents_loop_once():
     go.set()
     assert done.wait(10)
     assert ran == list(range(100)) and errors == ["division by zero"] and len(wakes) == 2
+    busy.clear()
+    go.clear()
+    post(loop, lambda: (busy.set(), go.wait(10)))  # the next burst, posted while the loop is busy again
+    assert busy.wait(10)
     post(loop, ran.append, 100)
     post(loop, done.clear)
+    go.set()
     for _ in range(1000):
         if not done.is_set():
             break
         threading.Event().wait(0.01)
-    assert ran[-1] == 100 and not done.is_set() and len(wakes) == 3
+    assert ran[-1] == 100 and not done.is_set() and len(wakes) == 4
     wake(loop.stop)
     thread.join(10)
     loop.close()
