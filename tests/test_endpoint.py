@@ -14,7 +14,7 @@ import torch
 from rlcore.engine.rollout_engine import Sample
 from rlcore.rollout import agents, chat
 from rlcore.rollout.endpoint import MODEL, Endpoint
-from rlcore.rollout.env import post
+from rlcore.rollout.loop import post
 from rlcore.rollout.sessions import Call, sequences
 from rlcore.rollout.turns import Trajectory, to_batch
 from rlcore.rollout.wire import Clients, InProcess
@@ -453,7 +453,7 @@ def test_synchronous_agents_in_threads_all_run_at_once(tok):
 
 
 def test_a_burst_of_answers_wakes_the_agents_loop_once():
-    """rlcore.rollout.env.post, how answers and agent starts reach the event loop from the engine's thread: what is
+    """rlcore.rollout.loop.post, how answers and agent starts reach the event loop from the engine's thread: what is
     posted while the loop is busy runs in order after one wake-up of the loop (call_soon_threadsafe, a system
     call) for the whole burst, not one each; a callback that raises is reported and the rest still run; the next
     burst wakes the loop again, once."""

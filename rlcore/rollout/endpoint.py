@@ -48,8 +48,8 @@ from typing import Callable
 
 from rlcore.rollout import chat
 from rlcore.rollout import responses, sse
-from rlcore.rollout.env import post
 from rlcore.rollout.fields import CHAT_FIELDS, COMPLETION_FIELDS, MODEL, APIError, Asked, check, cut
+from rlcore.rollout.loop import post
 from rlcore.rollout.sessions import Call, Request, Session, normalise, template_message
 from rlcore.rollout.toolcall import PARSERS, forced_opener
 
@@ -88,7 +88,6 @@ class Endpoint:
         self.render_lock = threading.Lock()  # one tokenizer, many HTTP threads
         self.renders: dict[tuple, tuple[int, ...]] = {}  # (kind, messages as JSON) -> token ids
         self.answered = 0  # HTTP requests answered (refusals included)
-
         self.reported = False  # whether the run has printed an agent's failure
         from rlcore.rollout.wire import serve
         self.httpd = serve(self)
@@ -136,7 +135,7 @@ class Endpoint:
 
     def answer(self, fut: cf.Future | asyncio.Future, result=None, exception: BaseException | None = None) -> None:
         """Answer a waiting call: an HTTP thread's at once; an agent's, awaited on its event loop, on that loop,
-        with one wake-up of it for a burst of answers (an engine step's: rlcore.rollout.env.post)."""
+        with one wake-up of it for a burst of answers (an engine step's: rlcore.rollout.loop.post)."""
         if isinstance(fut, cf.Future):
             settle(fut, result, exception)
         else:
