@@ -60,7 +60,6 @@ async def langchain_http(client, row) -> float:
     return await _agent(client, row, stream=False, over_http=True)
 
 
-
 async def openai_streamed(client, row) -> float:
     """The recipe's own agent with stream=True: the answer and the tool call rebuilt from the chunks."""
     messages = [{"role": "user", "content": row["prompt"]}]
@@ -98,9 +97,8 @@ def config():
         cfg.model.path = str(long_context_model())
         cfg.rollout.max_model_len = LONG if name == "smolagents_tools" else 1024
         cfg.rollout.max_turns = 4
-        cfg.rollout.prompts_per_step, cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 4, 24
-        if name == "smolagents_tools":
-            cfg.rollout.prompts_per_step = 2
+        cfg.rollout.prompts_per_step = 2 if name == "smolagents_tools" else 4
+        cfg.rollout.group_size, cfg.rollout.max_new_tokens = 4, 24
         cfg.data.eval_path = ""
     return cfg
 
