@@ -116,7 +116,7 @@ def test_the_readme_lists_the_folders_from_the_bottom_up():
 
 MODES = {"colocated": {"rlcore.modes.colocated"}, "split": {"rlcore.modes.split"},
          "stream": {"rlcore.modes.stream", "rlcore.modes.stream.engine_side", "rlcore.modes.stream.trainer_side",
-                    "rlcore.modes.stream.turns", "rlcore.modes.stream.agents"}}
+                    "rlcore.modes.stream.turns", "rlcore.modes.stream.agents", "rlcore.modes.stream.lag"}}
 
 
 def test_no_mode_imports_another():

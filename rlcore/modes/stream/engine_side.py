@@ -8,7 +8,6 @@ read as one loop.
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -20,6 +19,7 @@ from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error
 from rlcore.modes.offpolicy import PROBE_ROWS, own_state, probe_gaps, trainers_state
 from rlcore.modes.stream.agents import AgentTurns
+from rlcore.modes.stream.lag import LoadLag
 from rlcore.modes.stream.turns import Turns
 from rlcore.modes.transfer import Link, exchange, error_in, receive_weights
 from rlcore.rollout.collect import rollout_seed
@@ -28,10 +28,6 @@ from rlcore.train.logprobs import drift_error
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
     from rlcore.run import Run
-
-
-CALIBRATE = 2  # rollout.load_lag_steps=auto: versions 1..CALIBRATE load at the earliest point while it measures
-MARGIN = 1.25  # ... and the lag it fixes covers the trainers' step x MARGIN (a longer batch, a slower step)
 
 
 class Engine:
@@ -54,11 +50,9 @@ class Engine:
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
         self.clock = new_clock()
-        # the deterministic load point: version v loads `lag` engine steps (turns.tick) after hand-over v; None while
-        # rollout.load_lag_steps=auto measures (versions 1..CALIBRATE load at the earliest point, then it is fixed)
-        self.lag = None if r.load_lag_steps == "auto" else r.load_lag_steps
-        self.handed_at = 0  # turns.tick at the last hand-over
-        self.timing = {"steps": [], "ready_s": 0.0}  # auto: each engine step's time, the trainers' slowest step
+        # the deterministic load point: version v loads `lag` engine steps (turns.tick) after hand-over v; while
+        # rollout.load_lag_steps=auto measures, at the earliest point (rlcore/modes/stream/lag.py)
+        self.lag = LoadLag(r, run.dims.rollout_ranks)
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
         # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
         self.stopped, self.error, self.arrived = False, None, False
@@ -98,9 +92,9 @@ class Engine:
             return False
         if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
             return self.arrived
-        if self.lag is None:
+        if not self.lag.fixed:
             return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
-        return self.turns.tick - self.handed_at >= self.lag
+        return self.lag.due(self.turns.tick)
 
     # ---- the loop ----
 
@@ -173,8 +167,7 @@ class Engine:
         self.clock["running"] += running
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
-        if self.lag is None and not self.run.cfg.rollout.free_loads:
-            self.timing["steps"].append(took)
+        self.lag.stepped(took)
 
     # ---- the exchanges ----
 
@@ -206,7 +199,8 @@ class Engine:
                     del self.turns.done[g]
             for g in groups:
                 del self.rows[g]
-            self.handed, self.handed_at = b, self.turns.tick
+            self.handed = b
+            self.lag.handed(self.turns.tick)
             if self.run.cfg.rollout.free_loads and self.lead:
                 self.waiting = listen(self.link)
         if any(m["stop"] for m in messages):
@@ -216,7 +210,7 @@ class Engine:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
         # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
-        lag, flying = self.turns.tick - self.handed_at, bool(self.turns.flying)
+        lag, flying = self.turns.tick - self.lag.handed_at, bool(self.turns.flying)
         recomputed = run.engine.in_flight_tokens()
         if self.waiting is not None:
             self.waiting.wait()
@@ -227,9 +221,7 @@ class Engine:
         waited = time.perf_counter() - t0 - header["receive_s"]
         self.clock["wait_s"] += waited
         self.clock["frozen_s"] += waited if flying else 0.0  # requests in flight, no step: the engine is frozen
-        self.timing["ready_s"] = max(self.timing["ready_s"], header.get("ready_s", 0.0))
-        if self.lag is None and v >= CALIBRATE and not self.run.cfg.rollout.free_loads:
-            self.fix_lag(v)
+        self.lag.loaded(v, header.get("ready_s", 0.0))
         for i, seq in enumerate(self.probe):
             run.engine.submit_probe(f"probe.{v}.{i}", seq)
         while len(self.scores) < len(self.probe):
@@ -239,9 +231,9 @@ class Engine:
         if self.run.dims.rollout_ranks > 1:  # the worst engine's (a collective over the rollout ranks, at load v)
             mean, gap = all_max(mean), all_max(gap)
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
-            "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v, "time/sync_s": header["receive_s"],
-            "sync/gb": header["receive_bytes"] / 1e9, "stream/load_lag": lag, "stream/recomputed_tokens": recomputed,
-            "stream/lag_steps": -1 if self.lag is None else self.lag} | self.loop.plan_metrics()
+            "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v,
+            "time/sync_s": header["receive_s"], "sync/gb": header["receive_bytes"] / 1e9,
+            "stream/recomputed_tokens": recomputed} | self.lag.metrics(lag) | self.loop.plan_metrics()
         error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
@@ -263,21 +255,6 @@ class Engine:
         if self.loop.save_due(v):
             self.save(v)
 
-    def fix_lag(self, v: int) -> None:
-        """rollout.load_lag_steps=auto, at load CALIBRATE: the lag is the trainers' slowest step so far (their time
-        from taking a batch to having its version ready) in this engine's fast steps (the first quartile: a step
-        with fewer sequences costs less, on a CPU much less, and the lag must cover the trainers then too), times
-        MARGIN; the largest over the rollout ranks (an engine's ranks must agree). Fixed for the rest of the run
-        and saved in its checkpoints (a resume loads at the same steps)."""
-        ready_s, steps = self.timing["ready_s"], sorted(self.timing["steps"]) or [1.0]
-        step_s = steps[len(steps) // 4]
-        lag = math.ceil(MARGIN * ready_s / max(step_s, 1e-6))
-        self.lag = int(all_max(lag)) if self.run.dims.rollout_ranks > 1 else lag
-        if dist.get_rank() == 0:
-            print(f"rlcore: rollout.load_lag_steps=auto: each version loads {self.lag} engine steps after its batch is "
-                  f"handed over (trainer step {ready_s:.3f} s / engine step {step_s:.4f} s, first quartile, x {MARGIN}, "
-                  f"measured over versions 1-{v}; rollout.load_lag_steps={self.lag} uses it from version 1)", flush=True)
-
     def stopping(self, step: int) -> None:
         """A signal: requests in flight are dropped (their groups are admitted again after the resume), then the
         checkpoint of `step`, then every rank exits 75."""
@@ -290,18 +267,14 @@ class Engine:
     def save(self, step: int):
         """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
         state = {"rows": self.rows, "done": self.turns.done, "next_group": self.next_group, "todo": self.todo,
-                 "handed": self.handed, "probe": self.probe, "pending": self.pending, "lag": self.lag}
+                 "handed": self.handed, "probe": self.probe, "pending": self.pending, "lag": self.lag.state()}
         return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
 
     def restore(self, state: dict) -> None:
         self.rows, self.turns.done, self.next_group, self.todo = (state["rows"], state["done"], state["next_group"],
                                                                   state["todo"])
         self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
-        if self.lag is None and state.get("lag") is not None:  # auto: the lag this run fixed before the checkpoint
-            self.lag = state["lag"]
-            if dist.get_rank() == 0:
-                print(f"rlcore: rollout.load_lag_steps=auto: {self.lag} engine steps, as the run fixed it before its "
-                      f"checkpoint", flush=True)
+        self.lag.restore(state.get("lag"))
 
     # ---- metrics ----
 
