@@ -55,6 +55,9 @@ CONTENDERS = {
     # ... with the answers (instant here) joining 1 engine step after a turn instead of 2: fewer idle slots.
     "stream k=2 r16 j1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                           "rollout.join_steps=1"],
+    # ... with a fixed lag of 180 engine steps: 1.25 x the trainers' step at this workload's mean engine step
+    "stream k=2 r16 j1 L180": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                               "rollout.join_steps=1", "rollout.load_lag_steps=180"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],

@@ -17,7 +17,8 @@ line may be stamped at exit). Per kept step, from rank 0's metrics:
                     engine's busy share for the wall-weighted value.
   sync s            time/sync_s (split, streaming: the engine rank's receive + in-place reload)
   frozen            streaming: throughput/frozen_share, the engine's wall time waiting for weights with requests
-                    in flight (over all kept steps, wall-weighted); with the load lag (stream/lag_steps) and the
+                    in flight (over all kept steps, wall-weighted); with the load lag (stream/lag_steps, or auto's
+                    stream/lag_s), the engine steps a load came after its hand-over (stream/load_lag) and the
                     prefill tokens a load recomputes (stream/recomputed_tokens), medians
 Medians over the kept steps of all rounds.
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -87,6 +89,9 @@ def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: in
     if proc.returncode:
         sys.exit(f"async_rl run {overrides} failed (exit {proc.returncode}): see {out_dir / 'stdout.txt'}\n"
                  + (out_dir / "stdout.txt").read_text()[-3000:])
+    auto = re.findall(r"rlcore: rollout.load_lag_steps=auto: each version .*", (out_dir / "stdout.txt").read_text())
+    if auto:
+        print(f"  {auto[0]}", flush=True)
     stamped = [(m, t) for m, t in arrivals if m["step"] >= 1]
     rows = [m | {"wall_s": t1 - t0} for (_, t0), (m, t1) in zip(stamped, stamped[1:]) if 3 <= m["step"] < steps]
     return {"rows": rows, "pinned": pinned}
@@ -122,6 +127,7 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
                     "step_ms": 1e3 * busy_e / max(m.get("stream/engine_steps", 0), 1),
                     "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train,
                     "frozen": m.get("throughput/frozen_share", 0.0), "lag": m.get("stream/lag_steps", -1),
+                    "lag_s": m.get("stream/lag_s", -1), "load_lag": m.get("stream/load_lag", -1),
                     "recomputed": m.get("stream/recomputed_tokens", 0)})
     med = {k: median(p[k] for p in per) for k in per[0]}
     # A streaming pipeline's steps take turns being short and long, so samples/s is each run's sequences over its
@@ -186,8 +192,7 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
             lines.append(f"- {c}: the engine waited {m['wait_s']:.2f} s a step for the weights at its load point "
                          f"({m['wait_of_train']:.0%} of the trainer's step), frozen (waiting with requests in flight) "
                          f"{m['frozen']:.1%} of its wall time; {m['engine_steps']:.0f} engine steps a step, "
-                         f"{m['step_ms']:.1f} ms each; load lag {m['lag']:.0f} engine steps (-1: loads on arrival), "
-                         f"{m['recomputed']:.0f} prefill tokens recomputed a load")
+                         f"{m['step_ms']:.1f} ms each; {lag(m)}, {m['recomputed']:.0f} prefill tokens recomputed a load")
     if "colocated" in meds:
         m = meds["colocated"]
         lines.append(f"- shares of the synchronous (colocated) step: generation {m['trainer_idle']:.0%} (everything "
@@ -195,3 +200,12 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
     for line in lines:
         print(line)
     return lines
+
+
+def lag(m: dict) -> str:
+    """The load point of a streaming contender, as its medians say it."""
+    if m["lag_s"] > 0:
+        return f"auto's lag {m['lag_s']:.2f} s of predicted engine time, loads {m['load_lag']:.0f} engine steps after"
+    if m["lag"] >= 0:
+        return f"load lag {m['lag']:.0f} engine steps"
+    return "loads on arrival (free) or at the earliest point (auto measuring)"

@@ -17,9 +17,12 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm
 from test_split import learned, metrics, split_config
+
+from rlcore.modes.stream.lag import LoadLag, step_model
 
 STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2")
 
@@ -184,6 +187,72 @@ def test_lockstep_answers_join_at_fixed_engine_steps():
     assert [(x.tokens, x.sampled, x.env_reward) for x in other] == [(x.tokens, x.sampled, x.env_reward) for x in trajs]
 
 
+def test_auto_lag_step_model_by_hand():
+    """auto's step model: a least-squares line through the median step time at each running count, weighted by
+    the count's steps. Steps of 4, 8 and 16 sequences at 2 + 0.5 n ms, each count with one prefill step 10x
+    slower that the median leaves out: 2 ms + 0.5 ms a sequence. A GPU's flat step: 3 ms, 0 a sequence. Steps
+    faster with more sequences: the slope is taken as 0 and the base is their weighted mean. One count: its median."""
+    def close(got, want):  # sums of a few dozen terms of at most 1 (steps x sequences x seconds): ~10 eps of 1
+        return all(abs(g - w) <= 10 * torch.finfo(torch.float64).eps for g, w in zip(got, want, strict=True))
+
+    line = [(n, (2 + 0.5 * n) / 1e3) for n in (4, 8, 16) for _ in range(5)]
+    assert close(step_model(line + [(n, 10 * (2 + 0.5 * n) / 1e3) for n in (4, 8, 16)]), (2e-3, 0.5e-3))
+    assert close(step_model([(n, 3e-3) for n in (1, 64, 256)]), (3e-3, 0.0))
+    assert close(step_model([(4, 6e-3), (4, 6e-3), (8, 3e-3)]), (5e-3, 0.0))
+    assert close(step_model([(8, 1e-3), (8, 2e-3), (8, 9e-3)]), (2e-3, 0.0))
+
+
+def test_auto_lag_loads_where_the_model_says(one_rank):
+    """LoadLag by hand. A fixed lag of 3: due after the third step, whatever the steps run. auto: versions 1-2
+    measure (nothing due), then at load 2 with the trainers' step 0.8 s (the first, 5 s, warmed up: left out)
+    it fixes 1.25 x 0.8 = 1 s of
+    predicted engine time at 2 ms + 0.5 ms a sequence: after a hand-over, steps of 8 sequences spend 6 ms each,
+    so the 167th step is the first to reach it (166 x 6 = 996 ms); a jump of 4 ticks to a join with nothing to
+    decode spends 4 x 2 ms. Saved and restored, the lag is the same; a checkpoint's old lag in steps reads as steps."""
+    from types import SimpleNamespace as NS
+    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    fixed.handed(10)
+    for ticks, running in ((1, 8), (1, 64)):
+        fixed.stepped(ticks, running, 0.5)
+        assert not fixed.due()
+    fixed.stepped(1, 1, 0.5)
+    assert fixed.due() and fixed.metrics(*fixed.at_load(13)) == {
+        "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1, "stream/lag_spent_s": -1}
+
+    auto = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    for n in (4, 8, 16):
+        for _ in range(3):
+            auto.stepped(1, n, (2 + 0.5 * n) / 1e3)
+    auto.loaded(1, 5.0)
+    assert not auto.fixed
+    auto.loaded(2, 0.8)
+    assert auto.cost == (2000, 500, 1_000_000)
+    auto.handed(0)
+    for _ in range(166):
+        auto.stepped(1, 8, 0.001)
+    assert not auto.due()
+    auto.stepped(1, 8)
+    assert auto.due() and auto.metrics(*auto.at_load(167))["stream/lag_spent_s"] == 1.002
+    auto.handed(200)
+    auto.stepped(4, 0)
+    assert auto.spent == 8000
+
+    again = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    again.restore(auto.state())
+    assert again.cost == auto.cost and not again.in_steps
+    old = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    old.restore(43)
+    assert old.cost == (1, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank gloo group: the lag's print asks for the rank."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 # ---- real runs ---------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -261,22 +330,27 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
 @pytest.mark.slow
 def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_path):
     """k=2 with at most 32 trajectories running (work queued after every hand-over), rollout.load_lag_steps=auto:
-    versions 1-2 load at the earliest point while the run measures, then one line gives the lag it fixed, and each
-    later version loads that many engine steps after its hand-over, under requests in flight. The engine's steps
-    are slowed by 0.05 s outside what the run measures, so the lag holds the trainers' step with room to spare:
-    at those loads the engine is not frozen (the 2% goal) and the trainers wait instead. Resumed from its step-3
-    checkpoint, the lag read from it (one line says so), the run logs the same numbers and exports the same bytes."""
+    versions 1-2 load at the earliest point while the run measures, then one line gives the lag it fixed (1.25 x
+    the trainers' step, in predicted engine time: a step's time fitted as base + per sequence), and each later
+    version loads at the first step boundary where the steps since its hand-over reach it, under requests in
+    flight. The engine's steps are slowed by 0.05 s outside what the run measures, so the lag holds the trainers'
+    step with room to spare: at those loads the engine is not frozen (the 2% goal) and the trainers wait instead.
+    Resumed from its step-3 checkpoint, the lag read from it (one line says so), the run logs the same numbers and
+    exports the same bytes."""
     run = (*STREAM, "rollout.max_staleness=2", "rollout.max_running=32", "train.steps=6", "train.save_every=3",
            "train.export_every=6", "data.eval_path=", f"output_dir={tmp_path}")
     proc = torchrun_warm(WORKERS / "stream_worker.py", *run, env={"SLOW": "engine:0.05"})
     assert proc.returncode == 0, proc.stderr[-4000:]
-    lag = int(re.search(r"rollout.load_lag_steps=auto: each version loads (\d+) engine steps after", proc.stdout)[1])
     rows = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["stream/lag_steps"] for r in rows] == [-1] + [lag] * 5  # steps 1-6 (no eval); fixed at load 2
+    lag, step_s = auto_lag(proc.stdout, rows, max_running=32)
+    assert [r["stream/lag_steps"] for r in rows] == [-1] * 6
+    assert rows[0]["stream/lag_s"] == -1 and {r["stream/lag_s"] for r in rows[1:]} == {lag}  # fixed at load 2
     under = [r for r in rows[2:] if r["stream/recomputed_tokens"] > 0]
     # 3 and 6 drain for their checkpoints; 5 may find the engine done with all it may run (the run's last batches)
     assert 4 in [r["step"] for r in under]
-    assert all(r["stream/load_lag"] == lag and r["throughput/frozen_share"] < 0.02 for r in under)
+    # at the first boundary the lag was reached: its steps spent it, and less one step (at most a full one) had not
+    assert all(lag <= r["stream/lag_spent_s"] < lag + step_s for r in under)
+    assert all(r["throughput/frozen_share"] < 0.02 for r in under)
     assert all(r["throughput/trainer_idle_share"] > 0.5 for r in under)
     frozen = re.search(r"the engine frozen at its loads ([\d.]+)%", (tmp_path / "demo" / "summary.md").read_text())
     timed = rows[1:]  # the summary's steps: the first (warm-up) left out, each weighted by its wall time
@@ -288,9 +362,21 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     proc = torchrun(ROOT / "launch" / "train.py", *run, "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 3" in proc.stdout
-    assert f"rollout.load_lag_steps=auto: {lag} engine steps, as the run fixed it before its checkpoint" in proc.stdout
+    assert f"rollout.load_lag_steps=auto: {lag:.3f} s of predicted engine time (" in proc.stdout
+    assert "as the run fixed it before its checkpoint" in proc.stdout
     assert metrics(tmp_path / "demo") == straight
     assert (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes() == weights
+
+
+def auto_lag(stdout: str, rows: list[dict], max_running: int) -> tuple[float, float]:
+    """auto's lag (seconds of predicted engine time, as the metrics log it) and the most one engine step of at most
+    max_running sequences spends of it, from its one printed line (which must agree with the metrics)."""
+    (line,) = re.findall(r"rollout.load_lag_steps=auto: each version loads once .*", stdout)
+    printed = float(re.search(r"are predicted to have taken ([\d.]+) s", line)[1])
+    base, per_seq = map(float, re.search(r"an engine step ([\d.]+) ms \+ ([\d.]+) ms a running sequence", line).groups())
+    lag = rows[1]["stream/lag_s"]  # the first load after it was fixed (the first row's load measured)
+    assert abs(lag - printed) <= 5e-4 and base + per_seq > 0  # printed to the ms; a step takes time
+    return lag, (base + 0.005 + (per_seq + 0.0005) * max_running) / 1e3  # printed to 0.01 and 0.001 ms
 
 
 @pytest.mark.slow
@@ -335,17 +421,19 @@ def test_stream_learns_on_a_tp2_engine_and_two_fsdp_trainers_at_k2_with_free_loa
 @pytest.mark.slow
 def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
     """rollout.load_lag_steps=auto with a tensor-parallel engine (2 ranks) and 2 FSDP trainers, k=2: each engine
-    rank measures its own step times, and the lag it fixes at load 2 is the largest over the rollout ranks (the
+    rank measures its own step times, and the lag it fixes at load 2 is the longest over the rollout ranks (the
     ranks of one engine must load at the same step, or their collectives part). One line gives it; every later
-    load is logged with it; the run learns (+30 points) with each in-flight load within the probe's bound."""
+    load is logged with it, at it or earlier with nothing in flight; the run learns (+30 points) with each
+    in-flight load within the probe's bound."""
     proc = torchrun(ROOT / "launch" / "train.py", "recipe=demo", "rollout.ranks=2", "rollout.tensor_parallel=2",
                     "rollout.stream=true", "rollout.max_staleness=2", "algorithm.tis_cap=2", "train.steps=5",
                     "train.eval_every=5", f"output_dir={tmp_path}", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    (lag,) = re.findall(r"rollout.load_lag_steps=auto: each version loads (\d+) engine steps after", proc.stdout)
     rows = metrics(tmp_path / "demo")
-    assert [r["stream/lag_steps"] for r in rows[1:]] == [-1] + [int(lag)] * 4
-    assert all(r["stream/load_lag"] <= int(lag) for r in rows[3:])  # at the lag, or earlier with nothing in flight
+    lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256)  # the demo's 32 prompts x 8
+    assert [r["stream/lag_s"] for r in rows[1:]] == [-1] + [lag] * 4
+    assert all(r["stream/lag_spent_s"] < lag + step_s for r in rows[3:])  # at the lag, or earlier with nothing in flight
+    assert all(r["stream/lag_spent_s"] >= lag for r in rows[3:] if r["stream/recomputed_tokens"] > 0)
     assert all(r["async/probe_logprob_diff_max"] < 1e-3 for r in rows[1:])
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
 

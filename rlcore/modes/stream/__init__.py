@@ -27,17 +27,18 @@ batch carries them per token (Batch.token_versions) and per sequence its oldest 
 
 When versions load (deterministic: a function of the data and the config, never of arrival time). The engine
 alternates two events, as the trainers do: hand over batch b (when all its groups are done), then load version b,
-then hand over b + 1, ... Version v (v <= the batches handed) loads L = rollout.load_lag_steps engine steps after
-hand-over v, or earlier at a step boundary with nothing in flight (a load there freezes nothing). Until then the
-engine keeps decoding what it runs, admission blocked by the version or not: the trainers train step v meanwhile,
-and L is chosen to cover their step. If they are later, the engine waits there with its requests frozen
-(throughput/frozen_share). L=auto loads versions 1 and 2 at the earliest point (nothing running in the engine, batch
-v + 1 complete, or admission blocked by the version; the engine waits for the trainers there) while it measures the
-trainers' step and its own, then fixes L = 1.25 x the trainers' slowest step / the first quartile of its step times
-(a step with fewer sequences is faster; the largest over the rollout ranks), prints it and keeps it in the
-checkpoints: a resume loads at the same steps, but two auto runs measure apart, so a fixed L (the one auto printed)
-is what makes two runs identical. Save and eval steps drain first: no admission after batch v is handed, until no
-trajectory is in flight (environment calls included).
+then hand over b + 1, ... Version v (v <= the batches handed) loads once the engine steps since hand-over v have
+spent the lag (rlcore/modes/stream/lag.py): L = rollout.load_lag_steps engine steps, or earlier at a step boundary
+with nothing in flight (a load there freezes nothing). Until then the engine keeps decoding what it runs, admission
+blocked by the version or not: the trainers train step v meanwhile, and the lag is chosen to cover their step. If
+they are later, the engine waits there with its requests frozen (throughput/frozen_share). L=auto loads versions 1
+and 2 at the earliest point (nothing running in the engine, batch v + 1 complete, or admission blocked by the
+version; the engine waits for the trainers there) while it measures the trainers' step and its own, then fixes the
+lag in predicted engine time: each step spends base + per_seq x its running sequences (whole microseconds, fitted
+to the median step time at each count), and the budget is 1.25 x the trainers' slowest step (the longest lag over
+the rollout ranks). It prints it and keeps it in the checkpoints: a resume loads at the same steps, but two auto
+runs measure apart, so a fixed L is what makes two runs identical. Save and eval steps drain first: no admission
+after batch v is handed, until no trajectory is in flight (environment calls included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives

@@ -50,12 +50,13 @@ class Engine:
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
         self.clock = new_clock()
-        # the deterministic load point: version v loads `lag` engine steps (turns.tick) after hand-over v; while
+        # the deterministic load point: version v loads once the engine steps since hand-over v spent the lag; while
         # rollout.load_lag_steps=auto measures, at the earliest point (rlcore/modes/stream/lag.py)
         self.lag = LoadLag(r, run.dims.rollout_ranks)
         self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
         # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
         self.stopped, self.error, self.arrived = False, None, False
+        self.began = time.perf_counter()  # when the loop began this step boundary (serve)
 
     # ---- the state of the schedule (the same numbers in every run of a config) ----
 
@@ -83,9 +84,9 @@ class Engine:
         return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
 
     def load_due(self) -> bool:
-        """Now, if nothing is in flight (a drain also waits for every trajectory to end), or `lag` engine steps
-        after the hand-over; while auto measures, at the earliest point: nothing runs in the engine, or batch
-        handed + 1 is complete, or admission waits for this version."""
+        """Now, if nothing is in flight (a drain also waits for every trajectory to end), or once the engine steps
+        since the hand-over spent the lag (rlcore/modes/stream/lag.py); while auto measures, at the earliest point:
+        nothing runs in the engine, or batch handed + 1 is complete, or admission waits for this version."""
         if self.stopped or self.error or not self.turns.flying:
             return True
         if self.draining():
@@ -94,13 +95,14 @@ class Engine:
             return self.arrived
         if not self.lag.fixed:
             return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
-        return self.lag.due(self.turns.tick)
+        return self.lag.due()
 
     # ---- the loop ----
 
     def serve(self) -> dict:
         engine = self.run.engine
         while engine.version < self.steps:
+            self.began = time.perf_counter()  # this step boundary's decisions and step (auto's lag: the step's time)
             self.sync()  # the environments' answers due at this step boundary, signals, errors
             if engine.version == self.handed:  # next exchange: hand over batch handed + 1
                 if self.complete(self.handed + 1) or self.stopped or self.error:
@@ -152,7 +154,9 @@ class Engine:
     def step(self) -> None:
         """One engine step (or, with nothing to decode while environments answer, on to their next join)."""
         if self.turns.due and not self.run.engine.busy():
+            tick = self.turns.tick
             self.turns.idle()
+            self.lag.stepped(self.turns.tick - tick, 0)
             return
         t0, running = time.perf_counter(), len(self.turns.live)
         finished = self.run.engine.step()
@@ -167,7 +171,7 @@ class Engine:
         self.clock["running"] += running
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
-        self.lag.stepped(took)
+        self.lag.stepped(1, running, time.perf_counter() - self.began)
 
     # ---- the exchanges ----
 
@@ -210,7 +214,7 @@ class Engine:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
         # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
-        lag, flying = self.turns.tick - self.lag.handed_at, bool(self.turns.flying)
+        lag, flying = self.lag.at_load(self.turns.tick), bool(self.turns.flying)
         recomputed = run.engine.in_flight_tokens()
         if self.waiting is not None:
             self.waiting.wait()
@@ -225,6 +229,7 @@ class Engine:
         for i, seq in enumerate(self.probe):
             run.engine.submit_probe(f"probe.{v}.{i}", seq)
         while len(self.scores) < len(self.probe):
+            self.began = time.perf_counter()
             self.step()
         got = [self.scores.pop(f"probe.{v}.{i}") for i in range(len(self.probe))]
         mean, gap = probe_gaps(got, header["probe"])
@@ -233,7 +238,7 @@ class Engine:
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v,
             "time/sync_s": header["receive_s"], "sync/gb": header["receive_bytes"] / 1e9,
-            "stream/recomputed_tokens": recomputed} | self.lag.metrics(lag) | self.loop.plan_metrics()
+            "stream/recomputed_tokens": recomputed} | self.lag.metrics(*lag) | self.loop.plan_metrics()
         error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
