@@ -56,10 +56,14 @@ class LoadLag:
     def stepped(self, ticks: int, running: int, took: float | None = None) -> None:
         """The engine's clock moved `ticks` steps: one engine step of `running` sequences that took `took` s (with
         the decisions at its boundary: what passes while the trainers train), or a jump to the next join with
-        nothing to decode (running 0, no time of the engine's)."""
+        nothing to decode (took None). A lag in steps counts the jump's steps; auto's lag in time charges it
+        nothing (how long the environments take is not the engine's to predict: the lag only lasts longer)."""
         if self.cost is not None:
             base, per_seq, _ = self.cost
-            self.spent += base * ticks + per_seq * running
+            if self.in_steps:
+                self.spent += ticks
+            elif took is not None:
+                self.spent += base + per_seq * running
         elif self.measuring and took is not None:
             self.samples.append((running, took))
 
@@ -72,7 +76,11 @@ class LoadLag:
         if v > 1:
             self.ready_s = max(self.ready_s, ready_s)
         if self.measuring and self.cost is None and v >= CALIBRATE:
-            self.fix(v)
+            # measured steps and a trainers' step on every rollout rank (a run resumed from a checkpoint of step 1
+            # may load version 2 before any step: it measures on)
+            ready = int(bool(self.samples) and self.ready_s > 0)
+            if (ready if self.ranks == 1 else all_min(ready)) > 0:
+                self.fix(v)
 
     def fix(self, v: int) -> None:
         """rollout.load_lag_steps=auto, at load CALIBRATE: a step's time as base + per_seq x its sequences, fitted
@@ -94,16 +102,19 @@ class LoadLag:
                   f"running sequence, fitted to versions 1-{v}'s steps), or earlier with nothing in flight; "
                   f"stream/load_lag logs the engine steps each load came after", flush=True)
 
-    def at_load(self, tick: int) -> tuple[int, int]:
-        """What the metrics of a load report: the engine steps since its hand-over and the budget they spent."""
-        return tick - self.handed_at, self.spent
+    def at_load(self, tick: int) -> tuple[int, int | None]:
+        """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
+        while auto measures: that load came at the earliest point, nothing was spent)."""
+        return tick - self.handed_at, self.spent if self.cost is not None else None
 
-    def metrics(self, ticks: int, spent: int) -> dict[str, float]:
-        """Of a load (`at_load`): its engine steps after the hand-over; a fixed lag in steps (-1 with auto); auto's
-        budget and what the steps had spent of it, in seconds of predicted engine time (-1 otherwise)."""
+    def metrics(self, ticks: int, spent: int | None) -> dict[str, float]:
+        """Of a load (`at_load`), logged after it: its engine steps after the hand-over; a lag in steps (-1 with
+        auto's lag in time); auto's budget (from the load that fixes it) and what the steps before the load had
+        spent of it, in seconds of predicted engine time (-1 otherwise)."""
         timed = self.cost is not None and not self.in_steps
         return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[2] if self.in_steps else -1,
-                "stream/lag_s": self.cost[2] / US if timed else -1, "stream/lag_spent_s": spent / US if timed else -1}
+                "stream/lag_s": self.cost[2] / US if timed else -1,
+                "stream/lag_spent_s": spent / US if timed and spent is not None else -1}
 
     def state(self) -> dict | None:
         return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps}
