@@ -15,7 +15,7 @@ which the count does not see. Over the first versions that is the start's burst 
 contexts; the mean carries the first into the rest (at 64 sequences of the long-tail benchmark it predicted 1.55x
 the steps' time and the engine froze 6-8% of its wall time), the median leaves both out and predicts 1.04-1.18x there
 and 0.71x at 16 sequences, where the turns' prefills are a third of the time: within the margin at 64 (frozen
-1.1-1.4%), and a lag that lasts longer than its budget at 16, which costs occupancy (85-89%), not a freeze.
+0.9-1.4%), and a lag that lasts longer than its budget at 16, which costs occupancy (85-89%), not a freeze.
 (benchmarks/RESULTS.md, "auto's lag in predicted engine time", also has the predictors tried and not kept.)
 """
 from __future__ import annotations
