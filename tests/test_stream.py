@@ -72,7 +72,9 @@ def test_max_running_must_fit_the_kv_cache():
     sequences with one engine, 128 each with two."""
     from rlcore.models import build as models
     from rlcore.preflight.checks import check_running
+    from rlcore.tasks import tiny
 
+    tiny.prepare()  # the demo's model: built, or being built by the suite's warm-start process (it waits for it)
     cfg = split_config(*STREAM[1:], "rollout.max_running=33", f"rollout.cpu_kv_cache_gb={1 / 1024}")
     hf = models.check_model(cfg.model.path)
     with pytest.raises(ValueError) as e:
