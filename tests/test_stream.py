@@ -258,6 +258,36 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     assert old.cost == (1, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
 
 
+def test_a_load_lets_admission_start_what_it_may_first():
+    """The engine's decision at a step boundary after a hand-over (Engine.load_due), on its own state: batches of
+    2 groups of 4, 8 slots, k=2, a fixed lag of 3 steps not yet spent. With nothing in flight and batch 7's first
+    group next, holding version 4 (batch 7 may start: 7 - 1 - 2 <= 4), the load waits for admission to start it
+    (the engine was ahead; loading first would idle it through the trainers' step); holding version 3 it may not
+    start, so the version loads now; with no group left, too. While auto measures: the same, and a complete next
+    batch loads at once."""
+    from types import SimpleNamespace as NS
+
+    from rlcore.modes.stream.engine_side import Engine
+    engine = Engine.__new__(Engine)
+    lag = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    lag.handed(0)
+    rollout = NS(free_loads=False)
+    engine.__dict__.update(
+        stopped=False, error=None, P=2, G=4, max_running=8, k=2, steps=9, todo=[], next_group=12, handed=5, lag=lag,
+        turns=NS(flying={}, live={}, done={}), loop=NS(save_due=lambda v: False),
+        run=NS(engine=NS(version=4), rollout=NS(eval_rows=[]), cfg=NS(rollout=rollout, train=NS(eval_every=100))))
+    assert engine.admissible() and not engine.load_due()
+    engine.run.engine.version = 3
+    assert not engine.admissible() and engine.load_due()
+    engine.run.engine.version, engine.next_group = 4, 18
+    assert not engine.admissible() and engine.load_due()
+
+    engine.lag, engine.next_group = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1), 12
+    assert not engine.load_due()
+    engine.turns.done = {10: None, 11: None}  # batch 6, complete
+    assert engine.load_due()
+
+
 @pytest.fixture
 def one_rank(tmp_path):
     """A one-rank gloo group: the lag's print asks for the rank."""

@@ -76,6 +76,13 @@ class Engine:
         return g is not None and len(self.turns.flying) + self.G <= self.max_running and \
             self.batch_of(g) - 1 - self.k > self.run.engine.version
 
+    def admissible(self) -> bool:
+        """Admission would start a group now: one is left, there is room for it, the engine holds the version it
+        needs, and no drain holds admission."""
+        g = self.next_admit()
+        return g is not None and not self.draining() and len(self.turns.flying) + self.G <= self.max_running and \
+            self.batch_of(g) - 1 - self.k <= self.run.engine.version
+
     def draining(self) -> bool:
         v = self.handed
         return self.run.engine.version < v and (self.loop.save_due(v) or self.evals(v))
@@ -84,17 +91,20 @@ class Engine:
         return bool(self.run.rollout.eval_rows) and (v % self.run.cfg.train.eval_every == 0 or v == self.steps)
 
     def load_due(self) -> bool:
-        """Now, if nothing is in flight (a drain also waits for every trajectory to end), or once the engine steps
-        since the hand-over spent the lag (rlcore/modes/stream/lag.py); while auto measures, at the earliest point:
-        nothing runs in the engine, or batch handed + 1 is complete, or admission waits for this version."""
-        if self.stopped or self.error or not self.turns.flying:
+        """Now, if nothing is in flight and admission has nothing to start (a drain also waits for every trajectory
+        to end), or once the engine steps since the hand-over spent the lag (rlcore/modes/stream/lag.py); while auto
+        measures, at the earliest point: nothing runs in the engine and nothing to start, or batch handed + 1 is
+        complete, or admission waits for this version. (A hand-over right after a load finds nothing in flight when
+        the engine was ahead: the groups the load made admissible start first, and the engine decodes them while
+        the trainers train.)"""
+        if self.stopped or self.error or not (self.turns.flying or self.admissible()):
             return True
         if self.draining():
             return False
         if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
             return self.arrived
         if not self.lag.fixed:
-            return not self.turns.live or self.complete(self.handed + 1) or self.blocked()
+            return not (self.turns.live or self.admissible()) or self.complete(self.handed + 1) or self.blocked()
         return self.lag.due()
 
     # ---- the loop ----
