@@ -192,7 +192,8 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
             lines.append(f"- {c}: the engine waited {m['wait_s']:.2f} s a step for the weights at its load point "
                          f"({m['wait_of_train']:.0%} of the trainer's step), frozen (waiting with requests in flight) "
                          f"{m['frozen']:.1%} of its wall time; {m['engine_steps']:.0f} engine steps a step, "
-                         f"{m['step_ms']:.1f} ms each; {lag(m)}, {m['recomputed']:.0f} prefill tokens recomputed a load")
+                         f"{m['step_ms']:.1f} ms each; {lag(m)}, {m['recomputed']:.0f} prefill tokens recomputed a "
+                         f"load; {steady(c, results[c])}")
     if "colocated" in meds:
         m = meds["colocated"]
         lines.append(f"- shares of the synchronous (colocated) step: generation {m['trainer_idle']:.0%} (everything "
@@ -200,6 +201,18 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
     for line in lines:
         print(line)
     return lines
+
+
+def steady(contender: str, rows: list[dict]) -> str:
+    """Streaming's occupancy in steady state: per engine step, over the kept steps v with v + k <= the run's steps.
+    The row of step v covers the engine steps from load v - 1 to load v, when admission may start batches up to
+    v + k; past the run's last batch the engine drains (the pipeline's end, not its steady state)."""
+    k, last = int(re.search(r"k=(\d+)", contender)[1]), max(r["step"] for r in rows)
+    kept = [r for r in rows if r["step"] + k <= last + 1]
+    occ = sum(r["stream/occupancy"] * r["stream/engine_steps"] for r in kept) / sum(r["stream/engine_steps"]
+                                                                                  for r in kept)
+    first = min(r["step"] for r in kept)
+    return f"occupancy in steady state {occ:.0%} (steps {first}-{last + 1 - k}: the drain left out)"
 
 
 def lag(m: dict) -> str:

@@ -34,7 +34,8 @@ def test_without_an_environment_batches_are_bit_identical(tmp_path, tp, extra):
 def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp_path):
     """One engine over both ranks: both see the same transcripts, every environment is stepped exactly once
     per turn (by the rank that trains its trajectory), and the engine's logprobs of every model token of every
-    turn match the trainer's."""
+    turn match the trainer's. Each engine step's computed tokens as vLLM's scheduler counts them: a prompt's, then
+    one a step."""
     out = tmp_path / "turns.json"
     proc = torchrun_warm(WORKERS / "turns_worker.py", tiny_models["qwen2"], 2, out)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -46,7 +47,8 @@ def test_four_turns_at_tp2_identical_transcripts_exact_logprobs(tiny_models, tmp
     assert {len(r["steps"]) for r in result["ranks"]} == {16}  # each rank stepped its own half
     for r in result["ranks"]:
         assert r["diff"] < 1e-4 and r["model_tokens"] == 4 * 3 * 4  # 4 trajectories x 4 turns x 3 tokens
-        assert r["stop_ok"]
+        steps = r["computed"]  # a step's tokens: the prompt's, then one a step (at most 3: a sample may end at EOS)
+        assert r["stop_ok"] and steps[0] == 7 and steps[1:] == [1] * (len(steps) - 1) and len(steps) <= 3
     for t in a["transcripts"]:  # every observation is the environment's "+-", appended once per turn
         assert len(t) == 4 * 3 + 3 * 2
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm
 from test_split import learned, metrics, split_config
 
-from rlcore.modes.stream.lag import LoadLag, step_model
+from rlcore.modes.stream.lag import LoadLag, step_cost, step_model
 
 STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2")
 
@@ -190,35 +190,45 @@ def test_lockstep_answers_join_at_fixed_engine_steps():
 
 
 def test_auto_lag_step_model_by_hand():
-    """auto's step model: a least-squares line through the median step time at each running count, weighted by
-    the count's steps. Steps of 4, 8 and 16 sequences at 2 + 0.5 n ms, each count with one prefill step 10x
-    slower that the median leaves out: 2 ms + 0.5 ms a sequence. A GPU's flat step: 3 ms, 0 a sequence. Steps
-    faster with more sequences: the slope is taken as 0 and the base is their weighted mean. One count: its median."""
+    """auto's step model. The decode line: least squares through the median step time at each running count of
+    the steps that computed one token a sequence, weighted by the count's steps, held for the counts with
+    MEASURED (10) such steps. Steps of 4 (3 of them), 8 and 16 sequences (10 each) at 2 + 0.5 n ms, one of each
+    count computing 100 tokens more in 3 ms more: 2 ms + 0.5 ms a sequence for 8-16 sequences, 30 us a token (the
+    4-sequence one's decode charged 4/8 of 8 sequences' 6 ms). A GPU's flat step: 3 ms, 0 a sequence. Steps
+    faster with more sequences: the slope is taken as 0 and the base is their weighted mean. One count: its
+    median. No step without a prefill: the line through all."""
     def close(got, want):  # sums of a few dozen terms of at most 1 (steps x sequences x seconds): ~10 eps of 1
         return all(abs(g - w) <= 10 * torch.finfo(torch.float64).eps for g, w in zip(got, want, strict=True))
 
-    line = [(n, (2 + 0.5 * n) / 1e3) for n in (4, 8, 16) for _ in range(5)]
-    assert close(step_model(line + [(n, 10 * (2 + 0.5 * n) / 1e3) for n in (4, 8, 16)]), (2e-3, 0.5e-3))
-    assert close(step_model([(n, 3e-3) for n in (1, 64, 256)]), (3e-3, 0.0))
-    assert close(step_model([(4, 6e-3), (4, 6e-3), (8, 3e-3)]), (5e-3, 0.0))
-    assert close(step_model([(8, 1e-3), (8, 2e-3), (8, 9e-3)]), (2e-3, 0.0))
+    line = [(n, n, (2 + 0.5 * n) / 1e3) for n, steps in ((4, 3), (8, 10), (16, 10)) for _ in range(steps)]
+    prefill = [(4, 104, 6e-3)] + [(n, n + 100, (5 + 0.5 * n) / 1e3) for n in (8, 16)]
+    assert close(step_model(line + prefill), (2e-3, 0.5e-3, 30e-6, 8, 16))
+    assert close(step_model([(n, n, 3e-3) for n in (1, 64, 256)]), (3e-3, 0.0, 0.0, 1, 256))
+    assert close(step_model([(4, 4, 6e-3), (4, 4, 6e-3), (8, 8, 3e-3)]), (5e-3, 0.0, 0.0, 4, 8))
+    assert close(step_model([(8, 8, 1e-3), (8, 8, 2e-3), (8, 8, 9e-3)]), (2e-3, 0.0, 0.0, 8, 8))
+    assert close(step_model([(8, 108, 5e-3), (8, 108, 5e-3)]), (5e-3, 0.0, 0.0, 8, 8))
+    # what a step spends (ns): 2 ms + 0.5 ms a sequence over 8-16, 30 us a token beyond one a sequence
+    cost = (2_000_000, 500_000, 30_000, 8, 16, 10**9)
+    assert [step_cost(cost, n, c) for n, c in ((12, 12), (32, 32), (4, 4), (4, 104), (0, 50))] == \
+        [8_000_000, 10_000_000, 3_000_000, 6_000_000, 1_500_000]
 
 
 def test_auto_lag_loads_where_the_model_says(one_rank):
     """LoadLag by hand. A fixed lag of 3: due after the third step, whatever the steps run; a jump of 3 ticks to a
     join with nothing to decode counts 3. auto: versions 1-2 measure (nothing due), then at load 2 with the
     trainers' step 0.8 s (the first, 5 s, warmed up: left out) it fixes 1.25 x 0.8 = 1 s of predicted engine time
-    at 2 ms + 0.5 ms a sequence: after a hand-over, steps of 8 sequences spend 6 ms each, so the 167th step is the
-    first to reach it (166 x 6 = 996 ms); a jump to a join spends nothing. A run resumed before any step (a
-    checkpoint of step 1) does not fix a lag at load 2 from nothing: it measures on. Saved and restored, the lag is
-    the same; a checkpoint's old lag in steps reads as steps."""
+    at 2 ms + 0.5 ms a sequence and 30 us a prefilled token: after a hand-over, a step of 8 sequences that computes
+    100 tokens more spends 9 ms, then steps of 8 sequences 6 ms each, so the 166th of those is the first to reach
+    it (9 + 165 x 6 = 999 ms); a jump to a join spends nothing. A run resumed before any step (a checkpoint of
+    step 1) does not fix a lag at load 2 from nothing: it measures on. Saved and restored, the lag is the same; a
+    checkpoint's old lag in steps reads as steps."""
     from types import SimpleNamespace as NS
     fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
     fixed.handed(10)
     for ticks, running in ((1, 8), (1, 64)):
-        fixed.stepped(ticks, running, 0.5)
+        fixed.stepped(ticks, running, running, 0.5)
         assert not fixed.due()
-    fixed.stepped(1, 1, 0.5)
+    fixed.stepped(1, 1, 500, 0.5)
     assert fixed.due() and fixed.metrics(*fixed.at_load(13)) == {
         "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1, "stream/lag_spent_s": -1}
     fixed.handed(20)
@@ -228,24 +238,26 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     resumed = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
     resumed.loaded(2, 0.8)
     assert not resumed.fixed and resumed.metrics(*resumed.at_load(0))["stream/lag_spent_s"] == -1
-    resumed.stepped(1, 8, 6e-3)
+    resumed.stepped(1, 8, 8, 6e-3)
     resumed.loaded(3, 0.8)
-    assert resumed.cost == (6000, 0, 1_000_000)
+    assert resumed.cost == (6_000_000, 0, 0, 8, 8, 10**9)
 
     auto = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
     for n in (4, 8, 16):
         for _ in range(3):
-            auto.stepped(1, n, (2 + 0.5 * n) / 1e3)
+            auto.stepped(1, n, n, (2 + 0.5 * n) / 1e3)
+    auto.stepped(1, 8, 108, 9e-3)
     auto.loaded(1, 5.0)
     assert not auto.fixed
     auto.loaded(2, 0.8)
-    assert auto.cost == (2000, 500, 1_000_000)
+    assert auto.cost == (2_000_000, 500_000, 30_000, 4, 16, 10**9)
     auto.handed(0)
-    for _ in range(166):
-        auto.stepped(1, 8, 0.001)
+    auto.stepped(1, 8, 108, 0.001)
+    for _ in range(165):
+        auto.stepped(1, 8, 8, 0.001)
     assert not auto.due()
-    auto.stepped(1, 8, 0.001)
-    assert auto.due() and auto.metrics(*auto.at_load(167))["stream/lag_spent_s"] == 1.002
+    auto.stepped(1, 8, 8, 0.001)
+    assert auto.due() and auto.metrics(*auto.at_load(167))["stream/lag_spent_s"] == 1.005
     auto.handed(200)
     auto.stepped(4, 0)
     assert auto.spent == 0
@@ -255,7 +267,7 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     assert again.cost == auto.cost and not again.in_steps
     old = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
     old.restore(43)
-    assert old.cost == (1, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
+    assert old.cost == (1, 0, 0, 0, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
 
 
 def test_a_load_lets_admission_start_what_it_may_first():
@@ -374,7 +386,8 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
 def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_path):
     """k=2 with at most 32 trajectories running (work queued after every hand-over), rollout.load_lag_steps=auto:
     versions 1-2 load at the earliest point while the run measures, then one line gives the lag it fixed (1.25 x
-    the trainers' step, in predicted engine time: a step's time fitted as base + per sequence), and each later
+    the trainers' step, in predicted engine time: a step's time fitted as base + per sequence + per prefilled
+    token), and each later
     version loads at the first step boundary where the steps since its hand-over reach it, under requests in
     flight. The engine's steps are slowed by 0.05 s outside what the run measures, so the lag holds the trainers'
     step with room to spare: at those loads the engine is not frozen (the 2% goal) and the trainers wait instead.
@@ -411,16 +424,20 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     assert (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes() == weights
 
 
-def auto_lag(stdout: str, rows: list[dict], max_running: int) -> tuple[float, float]:
+def auto_lag(stdout: str, rows: list[dict], max_running: int, tokens: int = 4096) -> tuple[float, float]:
     """auto's lag (seconds of predicted engine time, as the metrics log it) and the most one engine step of at most
-    max_running sequences spends of it, from its one printed line (which must agree with the metrics). A jump to
-    an environment's join spends nothing, so the bound holds in multi-turn runs too."""
+    max_running sequences and `tokens` computed tokens (the CPU engine's max_num_batched_tokens: 4096 x TP here)
+    spends of it, from its one printed line (which must agree with the metrics). A jump to an environment's join
+    spends nothing, so the bound holds in multi-turn runs too."""
     (line,) = re.findall(r"rollout.load_lag_steps=auto: each version loads once .*", stdout)
     printed = re.search(r"are predicted to have taken ([\d.]+) s", line)[1]
-    base, per_seq = map(float, re.search(r"an engine step ([\d.]+) ms \+ ([\d.]+) ms a running sequence", line).groups())
+    base, per_seq, lo, hi, per_token = map(float, re.search(
+        r"an engine step ([\d.]+) ms \+ ([\d.]+) ms a running sequence \((\d+)-(\d+) measured\) \+ ([\d.]+) us a "
+        r"computed token", line).groups())
     lag = rows[1]["stream/lag_s"]  # from the load that fixed it, load 2 (the first row's load measured)
-    assert f"{lag:.3f}" == printed and base + per_seq > 0  # the same number, printed to the ms; a step takes time
-    return lag, (base + 0.005 + (per_seq + 0.0005) * max_running) / 1e3  # printed to 0.01 and 0.001 ms
+    assert f"{lag:.3f}" == printed and base + per_seq > 0 and 0 <= lo <= hi  # the same number, printed to the ms
+    # printed to 0.01 ms, 0.001 ms and 0.1 us
+    return lag, (base + 0.005 + (per_seq + 0.0005) * max_running + (per_token + 0.05) * tokens / 1e3) / 1e3
 
 
 @pytest.mark.slow
@@ -474,7 +491,7 @@ def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
                     "train.eval_every=5", f"output_dir={tmp_path}", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
-    lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256)  # the demo's 32 prompts x 8
+    lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256, tokens=8192)  # the demo's 32 prompts x 8
     assert [r["stream/lag_s"] for r in rows[1:]] == [-1] + [lag] * 4
     assert all(r["stream/lag_spent_s"] < lag + step_s for r in rows[3:])  # at the lag, or earlier with nothing in flight
     # loads under requests in flight are at the lag (the demo's 8-token responses may leave none in flight)

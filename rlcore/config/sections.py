@@ -103,7 +103,8 @@ class RolloutConfig:
     # streaming, deterministic loads: version v loads this many engine steps after batch v is handed over (the
     # engine keeps decoding meanwhile; it waits only if the trainers are later); auto = measured over the first two
     # versions, then fixed for the run in predicted engine time (1.25 x the trainers' step; a step's time from its
-    # running sequences) and saved in its checkpoints. A number makes two runs identical.
+    # running sequences and the prefill tokens it computes) and saved in its checkpoints. A number makes two runs
+    # identical.
     load_lag_steps: int | Literal["auto"] = "auto"
 
 

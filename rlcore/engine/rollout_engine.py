@@ -134,6 +134,7 @@ class RolloutEngine:
         # submitted requests in flight: id -> (prompt tokens, most new tokens, engine steps taken before it came)
         self.flight: dict[str, tuple[int, int, int]] = {}
         self.steps = 0
+        self.scheduled = count_scheduled(self.llm)
         if dormant and self.sleep_mode:
             self.llm.sleep(level=2)
         # Every reload warns that the rotary cos/sin cache got no weights: it has none to get (vLLM
@@ -257,6 +258,12 @@ class RolloutEngine:
     def busy(self) -> bool:
         """Whether any submitted request is still live (CUDA's async scheduling: a step may finish nothing)."""
         return self.llm.llm_engine.has_unfinished_requests()
+
+    @property
+    def computed(self) -> int:
+        """The tokens the last step computed, by vLLM's scheduler: one a decoding sequence, and a prefill's prompt
+        tokens not in the prefix cache (streaming's auto load lag charges a step's prefill by them)."""
+        return self.scheduled[0]
 
     def in_flight_tokens(self) -> int:
         """The tokens in the KV cache of the submitted requests in flight, by rlcore's count: each prompt, and one
@@ -385,3 +392,20 @@ def leave_process_groups() -> None:
         destroy_distributed_environment()  # vLLM's world group, then the default one
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def count_scheduled(llm) -> list[int]:
+    """A one-item list that holds the tokens vLLM's scheduler scheduled for the latest engine step (its
+    SchedulerOutput's total_num_scheduled_tokens). The engine core runs in this process (external_launcher), so
+    its scheduler's `schedule` is wrapped to keep the count; with CUDA's async scheduling it is the batch a step
+    scheduled ahead, one step off."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    schedule, held = scheduler.schedule, [0]
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        held[0] = out.total_num_scheduled_tokens
+        return out
+
+    scheduler.schedule = counted
+    return held

@@ -67,6 +67,14 @@ diff = ((trainer - batch.rollout_logprobs).abs() * batch.loss_mask).max().item()
 stop = engine.generate([rows[0]["prompt_ids"]], 8, 6, 1.0, [7], stop_token_ids=[tokenizer.convert_tokens_to_ids("+")])[0]
 stopped = [s for s in stop if s.finish_reason == "stop"]
 
+# The tokens each engine step computes (vLLM's scheduler's count, what auto's load lag charges): a 7-token prompt
+# prefilled in the first step (under a block: no cached prefix), then one token a step.
+engine.submit("count", [5, 9, 11, 13, 17, 19, 23], 3, 1.0, 7)
+computed = []
+while engine.busy():
+    engine.step()
+    computed.append(engine.computed)
+
 everything = [None] * dist.get_world_size()
 dist.all_gather_object(everything, {"rank": dist.get_rank(), "tp_rank": tp_rank,
                                     "transcripts": [x.tokens for x in trajs], "sampled": [x.sampled for x in trajs],
@@ -74,7 +82,7 @@ dist.all_gather_object(everything, {"rank": dist.get_rank(), "tp_rank": tp_rank,
                                     "active": stats.active, "model_tokens": batch.loss_mask.sum().item(),
                                     "stop_ok": all(s.token_ids[-1] in (2, tokenizer.convert_tokens_to_ids("+"))
                                                    and len(s.logprobs) == len(s.token_ids) for s in stopped),
-                                    "stopped": len(stopped)})
+                                    "stopped": len(stopped), "computed": computed})
 if dist.get_rank() == 0:
     steps = Counter()
     for e in everything:

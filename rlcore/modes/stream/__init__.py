@@ -34,10 +34,11 @@ blocked by the version or not: the trainers train step v meanwhile, and the lag 
 they are later, the engine waits there with its requests frozen (throughput/frozen_share). L=auto loads versions 1
 and 2 at the earliest point (nothing running in the engine, batch v + 1 complete, or admission blocked by the
 version; the engine waits for the trainers there) while it measures the trainers' step and its own, then fixes the
-lag in predicted engine time: each step spends base + per_seq x its running sequences (whole microseconds, fitted
-to the median step time at each count), and the budget is 1.25 x the trainers' slowest step (the longest lag over
-the rollout ranks). It prints it and keeps it in the checkpoints: a resume loads at the same steps, but two auto
-runs measure apart, so a fixed L is what makes two runs identical. Save and eval steps drain first: no admission
+lag in predicted engine time: each step spends its decode, base + per_seq x its running sequences, plus per_token x
+the prefill tokens it also computes (vLLM's scheduler's count; whole nanoseconds, fitted to the measured steps),
+and the budget is 1.25 x the trainers' slowest step (the longest lag over the rollout ranks). It prints it and
+keeps it in the checkpoints: a resume loads at the same steps, but two auto runs measure apart, so a fixed L is
+what makes two runs identical. Save and eval steps drain first: no admission
 after batch v is handed, until no trajectory is in flight (environment calls included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same

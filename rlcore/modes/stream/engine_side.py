@@ -181,7 +181,7 @@ class Engine:
         self.clock["running"] += running
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
-        self.lag.stepped(1, running, time.perf_counter() - self.began)
+        self.lag.stepped(1, running, self.run.engine.computed, time.perf_counter() - self.began)
 
     # ---- the exchanges ----
 

@@ -2,21 +2,24 @@
 (rlcore/modes/stream/engine_side.py) asks `due()` at each step boundary; this file holds what the lag is, how
 rollout.load_lag_steps=auto measures and fixes it, and what a checkpoint keeps of it.
 
-The lag is a budget that each engine step spends: `base` + `per_seq` x the sequences it runs (whole numbers, so
-every rank of an engine and every run of a config adds the same). A fixed rollout.load_lag_steps=N is base 1,
-per_seq 0, budget N: N engine steps. auto fixes base and per_seq in microseconds of a step's predicted time and
-the budget at MARGIN x the trainers' step: the version loads when the engine's steps since the hand-over are
-predicted to have taken that long. On a GPU a decode step costs about the same at 8 or 256 sequences (per_seq
-~0: a count of steps); on a CPU it grows with them, and a count of steps measured at one occupancy is too long
-or too short at another.
+The lag is a budget that each engine step spends: a fixed rollout.load_lag_steps=N is N engine steps. auto's is
+in nanoseconds of predicted engine time (whole numbers, so every rank of an engine and every run of a config adds
+the same): a step of n running sequences that computes c tokens (vLLM's scheduler's count) spends
+    decode(n) + per_token x max(c - n, 0)
+where decode(n) = base + per_seq x n inside the counts it measured (lo..hi), decode(hi) above them, and
+below lo a share n / lo of decode(lo). The budget is MARGIN x the trainers' step: the version loads when the steps
+since the hand-over are predicted to have taken that long. On a GPU a decode step costs about the same at 8 or 256
+sequences (per_seq ~0); on a CPU it grows with them, and a count of steps measured at one occupancy is too long or
+too short at another.
 
-Why the median step at each count, not the mean: what a step costs beyond its count is the prefill it also does,
-which the count does not see. Over the first versions that is the start's burst of fresh prompts, later the turns'
-contexts; the mean carries the first into the rest (at 64 sequences of the long-tail benchmark it predicted 1.55x
-the steps' time and the engine froze 6-8% of its wall time), the median leaves both out and predicts 1.04-1.18x there
-and 0.71x at 16 sequences, where the turns' prefills are a third of the time: within the margin at 64 (frozen
-0.9-1.4%), and a lag that lasts longer than its budget at 16, which costs occupancy (85-89%), not a freeze.
-(benchmarks/RESULTS.md, "auto's lag in predicted engine time", also has the predictors tried and not kept.)
+Why these parts (benchmarks/RESULTS.md, "auto's lag with the step's prefill"): what a step costs beyond its count
+is the prefill it also does, the turns' contexts and the start's fresh prompts, a third of the steps' time at 16
+sequences of the long-tail benchmark. The median step time at each count leaves the prefills out (it predicted
+0.62-0.76x the windows' time there: a lag that lasts longer than its budget, which costs occupancy); the decode
+line through the steps with no prefill plus the median cost of a prefill token predicts 0.99x. Outside the counts
+it measured a straight line is not safe: at max_running=64 the first versions run 16-64 sequences and the rest
+mostly 8, and the line carried down to 8 predicted 1.19x the decode steps' time (a budget spent before the
+trainers are done: a freeze). Charging those counts low leaves 0.96x.
 """
 from __future__ import annotations
 
@@ -29,21 +32,24 @@ from rlcore.distributed.collectives import all_max, all_min
 
 CALIBRATE = 2  # rollout.load_lag_steps=auto: versions 1..CALIBRATE load at the earliest point while it measures
 MARGIN = 1.25  # ... and the lag it fixes covers the trainers' step x MARGIN (a longer batch, a slower step)
-US = 1e6  # auto's budget is in microseconds of predicted engine time
+NS = 1e9  # auto's budget is in nanoseconds of predicted engine time
+MEASURED = 10  # the counts of running sequences auto's decode line holds for: those it measured this many steps of
 
 
 class LoadLag:
-    """The lag from hand-over v to the load of version v: `cost` = (base, per_seq, budget), None while auto
-    measures. free_loads: unused (each version loads on arrival)."""
+    """The lag from hand-over v to the load of version v. `cost`: None while auto measures; a fixed lag
+    (1, 0, 0, 0, 0, N) in steps; auto's (base, per_seq, per_token, lo, hi, budget) in whole nanoseconds (the module
+    docstring). free_loads: unused (each version loads on arrival)."""
 
     def __init__(self, rollout, ranks: int):
         self.ranks = ranks  # the rollout ranks (tensor parallelism: an engine's ranks must agree on the lag)
         self.auto = rollout.load_lag_steps == "auto"
         self.measuring = self.auto and not rollout.free_loads
-        self.cost = None if self.auto else (1, 0, rollout.load_lag_steps)
-        self.in_steps = not self.auto  # the budget's unit: engine steps, or auto's microseconds
+        self.cost = None if self.auto else (1, 0, 0, 0, 0, rollout.load_lag_steps)
+        self.in_steps = not self.auto  # the budget's unit: engine steps, or auto's nanoseconds
         self.handed_at, self.spent = 0, 0  # turns.tick at the last hand-over; the budget spent since
-        self.samples: list[tuple[int, float]] = []  # auto: (running sequences, seconds) of each step while it measures
+        # auto, while it measures: (running sequences, tokens computed, seconds) of each step
+        self.samples: list[tuple[int, int, float]] = []
         self.ready_s = 0.0  # auto: the trainers' slowest step since the first (which warms up: compiles, allocates)
 
     @property
@@ -53,22 +59,22 @@ class LoadLag:
     def handed(self, tick: int) -> None:
         self.handed_at, self.spent = tick, 0
 
-    def stepped(self, ticks: int, running: int, took: float | None = None) -> None:
-        """The engine's clock moved `ticks` steps: one engine step of `running` sequences that took `took` s (with
-        the decisions at its boundary: what passes while the trainers train), or a jump to the next join with
-        nothing to decode (took None). A lag in steps counts the jump's steps; auto's lag in time charges it
-        nothing (how long the environments take is not the engine's to predict: the lag only lasts longer)."""
+    def stepped(self, ticks: int, running: int, computed: int = 0, took: float | None = None) -> None:
+        """The engine's clock moved `ticks` steps: one engine step of `running` sequences that computed `computed`
+        tokens and took `took` s (with the decisions at its boundary: what passes while the trainers train), or a
+        jump to the next join with nothing to decode (took None). A lag in steps counts the jump's steps; auto's
+        lag in time charges it nothing (how long the environments take is not the engine's to predict: the lag
+        only lasts longer)."""
         if self.cost is not None:
-            base, per_seq, _ = self.cost
             if self.in_steps:
                 self.spent += ticks
             elif took is not None:
-                self.spent += base + per_seq * running
+                self.spent += step_cost(self.cost, running, computed)
         elif self.measuring and took is not None:
-            self.samples.append((running, took))
+            self.samples.append((running, computed, took))
 
     def due(self) -> bool:
-        return self.spent >= self.cost[2]
+        return self.spent >= self.cost[-1]
 
     def loaded(self, v: int, ready_s: float) -> None:
         """At the load of version v: the trainers' time for it (from the second on: the first step's one-time costs
@@ -83,24 +89,24 @@ class LoadLag:
                 self.fix(v)
 
     def fix(self, v: int) -> None:
-        """rollout.load_lag_steps=auto, at load CALIBRATE: a step's time as base + per_seq x its sequences, fitted
-        to the median step time at each count measured so far (weighted by how often the count ran), and the
-        budget MARGIN x
-        the trainers' slowest step so far but the first (from taking a batch to having its version ready). Over
-        the rollout ranks (an engine's ranks must agree) the smallest base and per_seq and the largest budget: the
-        longest lag any of them measured. Fixed for the rest of the run and saved in its checkpoints (a resume
-        loads at the same steps)."""
-        base, per_seq = step_model(self.samples)
-        cost = (max(round(base * US), 1), round(per_seq * US), math.ceil(MARGIN * self.ready_s * US))
+        """rollout.load_lag_steps=auto, at load CALIBRATE: the step model fitted to the steps measured so far
+        (`step_model`), the budget MARGIN x the trainers' slowest step so far but the first (from taking a batch to
+        having its version ready). Over the rollout ranks (an engine's ranks must agree) the smallest costs, the
+        narrowest range of counts and the largest budget: the longest lag any of them measured. Fixed for the rest
+        of the run and saved in its checkpoints (a resume loads at the same steps)."""
+        base, per_seq, per_token, lo, hi = step_model(self.samples)
+        cost = [max(round(base * NS), 1), round(per_seq * NS), round(per_token * NS), lo, hi,
+                math.ceil(MARGIN * self.ready_s * NS)]
         if self.ranks > 1:
-            cost = (int(all_min(cost[0])), int(all_min(cost[1])), int(all_max(cost[2])))
-        self.cost = cost
+            cost = [int(all_min(c)) for c in cost[:3]] + [int(all_max(lo)), int(all_min(hi)), int(all_max(cost[5]))]
+            cost[4] = max(cost[4], cost[3])
+        self.cost = tuple(cost)
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
-                  f"handed over are predicted to have taken {cost[2] / US:.3f} s (the trainers' step "
-                  f"{self.ready_s:.3f} s x {MARGIN}; an engine step {cost[0] / 1e3:.2f} ms + {cost[1] / 1e3:.3f} ms a "
-                  f"running sequence, fitted to versions 1-{v}'s steps), or earlier with nothing in flight; "
-                  f"stream/load_lag logs the engine steps each load came after", flush=True)
+                  f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
+                  f"{self.ready_s:.3f} s x {MARGIN}; {self.describe_step()}, fitted to versions 1-{v}'s steps), or "
+                  f"earlier with nothing in flight; stream/load_lag logs the engine steps each load came after",
+                  flush=True)
 
     def at_load(self, tick: int) -> tuple[int, int | None]:
         """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
@@ -112,9 +118,9 @@ class LoadLag:
         auto's lag in time); auto's budget (from the load that fixes it) and what the steps before the load had
         spent of it, in seconds of predicted engine time (-1 otherwise)."""
         timed = self.cost is not None and not self.in_steps
-        return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[2] if self.in_steps else -1,
-                "stream/lag_s": self.cost[2] / US if timed else -1,
-                "stream/lag_spent_s": spent / US if timed and spent is not None else -1}
+        return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
+                "stream/lag_s": self.cost[-1] / NS if timed else -1,
+                "stream/lag_spent_s": spent / NS if timed and spent is not None else -1}
 
     def state(self) -> dict | None:
         return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps}
@@ -122,31 +128,54 @@ class LoadLag:
     def restore(self, state) -> None:
         if self.cost is None and state is not None:  # auto: the lag this run fixed before the checkpoint
             if isinstance(state, int):  # a checkpoint saved before the step model: a lag in engine steps
-                state = {"cost": (1, 0, state), "in_steps": True}
+                state = {"cost": (1, 0, 0, 0, 0, state), "in_steps": True}
             self.cost, self.in_steps = tuple(state["cost"]), state["in_steps"]
             if dist.get_rank() == 0:
                 print(f"rlcore: rollout.load_lag_steps=auto: {self.describe()}, as the run fixed it before its "
                       f"checkpoint", flush=True)
 
     def describe(self) -> str:
-        base, per_seq, budget = self.cost
         if self.in_steps:
-            return f"{budget} engine steps"
-        return f"{budget / US:.3f} s of predicted engine time ({base / 1e3:.2f} ms + {per_seq / 1e3:.3f} ms a sequence)"
+            return f"{self.cost[-1]} engine steps"
+        return f"{self.cost[-1] / NS:.3f} s of predicted engine time ({self.describe_step()})"
+
+    def describe_step(self) -> str:
+        base, per_seq, per_token, lo, hi, _ = self.cost
+        return (f"an engine step {base / 1e6:.2f} ms + {per_seq / 1e6:.3f} ms a running sequence ({lo}-{hi} measured) "
+                f"+ {per_token / 1e3:.1f} us a computed token beyond one a sequence")
 
 
-def step_model(samples: list[tuple[int, float]]) -> tuple[float, float]:
-    """(base, per_seq) seconds of a least-squares line through the median step time at each running count,
-    weighted by the count's steps; a slope below 0 is taken as 0, an intercept below 0 as 0."""
+def step_cost(cost: tuple[int, ...], running: int, computed: int) -> int:
+    """What one engine step spends of auto's lag, in nanoseconds (the module docstring; whole numbers in, whole out)."""
+    base, per_seq, per_token, lo, hi, _ = cost
+    decode = base + per_seq * min(max(running, lo), hi)
+    if running < lo:
+        decode = decode * running // lo
+    return decode + per_token * max(computed - running, 0)
+
+
+def step_model(samples: list[tuple[int, int, float]]) -> tuple[float, float, float, int, int]:
+    """(base, per_seq, per_token seconds, lo, hi) from (running, computed, seconds) steps. The decode line: least
+    squares through the median step time at each running count of the steps that computed one token a sequence
+    (none prefilled), weighted by the count's steps; a slope below 0 is taken as 0, an intercept below 0 as 0.
+    lo..hi: the counts it holds for, the smallest and largest with MEASURED such steps (else all measured). The
+    prefill: the median over the other steps of their time beyond the line per token beyond one a sequence."""
+    decoding = [(n, t) for n, c, t in samples if c <= n] or [(n, t) for n, _, t in samples]
     by: dict[int, list[float]] = {}
-    for running, took in samples:
+    for running, took in decoding:
         by.setdefault(running, []).append(took)
     if not by:
-        return 1.0, 0.0
+        return 1.0, 0.0, 0.0, 0, 0
     points = [(n, statistics.median(ts), len(ts)) for n, ts in by.items()]
     total = sum(w for _, _, w in points)
     n_mean = sum(n * w for n, _, w in points) / total
     t_mean = sum(t * w for _, t, w in points) / total
     spread = sum(w * (n - n_mean) ** 2 for n, _, w in points)
     per_seq = max(sum(w * (n - n_mean) * (t - t_mean) for n, t, w in points) / spread, 0.0) if spread else 0.0
-    return max(t_mean - per_seq * n_mean, 0.0), per_seq
+    base = max(t_mean - per_seq * n_mean, 0.0)
+    counts = [n for n, _, w in points if w >= MEASURED] or [n for n, _, _ in points]
+    lo, hi = min(counts), max(counts)
+    line = (base * NS, per_seq * NS, 0, lo, hi, 0)
+    excess = [(t - step_cost(line, n, n) / NS) / (c - n) for n, c, t in samples if c > n]
+    per_token = max(statistics.median(excess), 0.0) if excess else 0.0
+    return base, per_seq, per_token, lo, hi
