@@ -207,8 +207,10 @@ def steady(contender: str, rows: list[dict]) -> str:
     """Streaming's occupancy in steady state: per engine step, over the kept steps v with v + k <= the run's steps.
     The row of step v covers the engine steps from load v - 1 to load v, when admission may start batches up to
     v + k; past the run's last batch the engine drains (the pipeline's end, not its steady state)."""
-    k, last = int(re.search(r"k=(\d+)", contender)[1]), max(r["step"] for r in rows)
+    k, last = int(re.search(r"k=(\d+)", contender)[1]), max(r["step"] for r in rows)  # run_once keeps 3..steps-1
     kept = [r for r in rows if r["step"] + k <= last + 1]
+    if not kept:
+        return "occupancy in steady state: no kept step before the drain (more --steps)"
     occ = sum(r["stream/occupancy"] * r["stream/engine_steps"] for r in kept) / sum(r["stream/engine_steps"]
                                                                                   for r in kept)
     first = min(r["step"] for r in kept)

@@ -221,7 +221,7 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     100 tokens more spends 9 ms, then steps of 8 sequences 6 ms each, so the 166th of those is the first to reach
     it (9 + 165 x 6 = 999 ms); a jump to a join spends nothing. A run resumed before any step (a checkpoint of
     step 1) does not fix a lag at load 2 from nothing: it measures on. Saved and restored, the lag is the same; a
-    checkpoint's old lag in steps reads as steps."""
+    checkpoint's old lag in steps reads as steps, and one in microseconds without the prefill term as it was."""
     from types import SimpleNamespace as NS
     fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
     fixed.handed(10)
@@ -268,6 +268,10 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     old = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
     old.restore(43)
     assert old.cost == (1, 0, 0, 0, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
+    # saved before the prefill term: (base, per_seq, budget) in microseconds, every count on the line
+    older = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    older.restore({"cost": (2000, 500, 1_000_000), "in_steps": False})
+    assert older.cost == (2_000_000, 500_000, 0, 0, 2**62, 10**9) and step_cost(older.cost, 64, 100) == 34_000_000
 
 
 def test_a_load_lets_admission_start_what_it_may_first():

@@ -242,6 +242,7 @@ class RolloutEngine:
         self.state.require_ready("step")
         finished = []
         self.steps += 1
+        self.scheduled[0] = 0  # a step that returns no batch (nothing to run, or async scheduling's first) computed none
         for out in self.llm.llm_engine.step():
             if out.finished:
                 self.flight.pop(out.request_id, None)
@@ -261,8 +262,8 @@ class RolloutEngine:
 
     @property
     def computed(self) -> int:
-        """The tokens the last step computed, by vLLM's scheduler: one a decoding sequence, and a prefill's prompt
-        tokens not in the prefix cache (streaming's auto load lag charges a step's prefill by them)."""
+        """The tokens of the batch the last step returned, by vLLM's scheduler: one a decoding sequence, and a
+        prefill's prompt tokens not in the prefix cache (streaming's auto load lag charges a step's prefill by them)."""
         return self.scheduled[0]
 
     def in_flight_tokens(self) -> int:
@@ -395,17 +396,16 @@ def leave_process_groups() -> None:
 
 
 def count_scheduled(llm) -> list[int]:
-    """A one-item list that holds the tokens vLLM's scheduler scheduled for the latest engine step (its
-    SchedulerOutput's total_num_scheduled_tokens). The engine core runs in this process (external_launcher), so
-    its scheduler's `schedule` is wrapped to keep the count; with CUDA's async scheduling it is the batch a step
-    scheduled ahead, one step off."""
+    """A one-item list that holds the tokens of the batch whose output vLLM's latest engine step returned (its
+    SchedulerOutput's total_num_scheduled_tokens). The engine core runs in this process (external_launcher), so its
+    scheduler's `update_from_output` is wrapped to keep the count: with CUDA's async scheduling a step schedules
+    the next batch before it returns this one's, and the time of a step goes with the batch it returned."""
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
-    schedule, held = scheduler.schedule, [0]
+    update, held = scheduler.update_from_output, [0]
 
-    def counted(*args, **kwargs):
-        out = schedule(*args, **kwargs)
-        held[0] = out.total_num_scheduled_tokens
-        return out
+    def counted(scheduler_output, *args, **kwargs):
+        held[0] = scheduler_output.total_num_scheduled_tokens
+        return update(scheduler_output, *args, **kwargs)
 
-    scheduler.schedule = counted
+    scheduler.update_from_output = counted
     return held

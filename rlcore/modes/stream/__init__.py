@@ -29,17 +29,18 @@ When versions load (deterministic: a function of the data and the config, never 
 alternates two events, as the trainers do: hand over batch b (when all its groups are done), then load version b,
 then hand over b + 1, ... Version v (v <= the batches handed) loads once the engine steps since hand-over v have
 spent the lag (rlcore/modes/stream/lag.py): L = rollout.load_lag_steps engine steps, or earlier at a step boundary
-with nothing in flight (a load there freezes nothing). Until then the engine keeps decoding what it runs, admission
-blocked by the version or not: the trainers train step v meanwhile, and the lag is chosen to cover their step. If
-they are later, the engine waits there with its requests frozen (throughput/frozen_share). L=auto loads versions 1
-and 2 at the earliest point (nothing running in the engine, batch v + 1 complete, or admission blocked by the
-version; the engine waits for the trainers there) while it measures the trainers' step and its own, then fixes the
-lag in predicted engine time: each step spends its decode, base + per_seq x its running sequences, plus per_token x
-the prefill tokens it also computes (vLLM's scheduler's count; whole nanoseconds, fitted to the measured steps),
-and the budget is 1.25 x the trainers' slowest step (the longest lag over the rollout ranks). It prints it and
-keeps it in the checkpoints: a resume loads at the same steps, but two auto runs measure apart, so a fixed L is
-what makes two runs identical. Save and eval steps drain first: no admission
-after batch v is handed, until no trajectory is in flight (environment calls included).
+with nothing in flight and no group admission may start (a load there freezes and idles nothing). Until then the
+engine keeps decoding what it runs, admission blocked by the version or not: the trainers train step v meanwhile,
+and the lag is chosen to cover their step. If they are later, the engine waits there with its requests frozen
+(throughput/frozen_share). L=auto loads versions 1 and 2 at the earliest point (nothing running in the engine and
+nothing to start, batch v + 1 complete, or admission blocked by the version; the engine waits for the trainers
+there) while it measures the trainers' step and its own, then fixes the lag in predicted engine time: each step
+spends its decode, base + per_seq x its running sequences, plus per_token x the prefill tokens it also computes
+(vLLM's scheduler's count; whole nanoseconds, fitted to the measured steps), and the budget is 1.25 x the trainers'
+slowest step (the longest lag over the rollout ranks). It prints it and keeps it in the checkpoints: a resume loads
+at the same steps, but two auto runs measure apart, so a fixed L is what makes two runs identical. Save and eval
+steps drain first: no admission after batch v is handed, until no trajectory is in flight (environment calls
+included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
@@ -57,10 +58,10 @@ as split sums over its rollout ranks); after each load the probe's gap is the wo
 evaluates, or none. stream/* and the engine side's time/* are the first engine's.
 
 Free loads (rollout.free_loads=true, not reproducible): version v loads at the first step boundary after the
-trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before
-the weights), or when the engine has nothing in flight; the engine never waits for a version it does not need.
-Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and checkpoints
-hold as above.
+trainers said it waits (a one-number message over its own gloo group, rank R -> each engine's first rank, before the
+weights), or when the engine has nothing in flight and nothing to start; the engine never waits for a version it
+does not need. Which tokens a version samples then follows wall-clock arrival. Staleness <= k, drains, the probe and
+checkpoints hold as above.
 
 KV and prefix cache at a load: every running request is preempted (vLLM's reset_prefix_cache with
 reset_running_requests) and its prompt + tokens so far are prefilled again under the new weights before its

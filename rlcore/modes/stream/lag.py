@@ -105,8 +105,8 @@ class LoadLag:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
                   f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
                   f"{self.ready_s:.3f} s x {MARGIN}; {self.describe_step()}, fitted to versions 1-{v}'s steps), or "
-                  f"earlier with nothing in flight; stream/load_lag logs the engine steps each load came after",
-                  flush=True)
+                  f"earlier with nothing in flight or to start; stream/load_lag logs the engine steps each load came "
+                  f"after", flush=True)
 
     def at_load(self, tick: int) -> tuple[int, int | None]:
         """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
@@ -129,7 +129,11 @@ class LoadLag:
         if self.cost is None and state is not None:  # auto: the lag this run fixed before the checkpoint
             if isinstance(state, int):  # a checkpoint saved before the step model: a lag in engine steps
                 state = {"cost": (1, 0, 0, 0, 0, state), "in_steps": True}
-            self.cost, self.in_steps = tuple(state["cost"]), state["in_steps"]
+            cost = tuple(state["cost"])
+            if len(cost) == 3:  # saved before the prefill term: (base, per_seq, budget) in microseconds
+                cost = (1, 0, 0, 0, 0, cost[2]) if state["in_steps"] else \
+                    (cost[0] * 1000, cost[1] * 1000, 0, 0, 2**62, cost[2] * 1000)
+            self.cost, self.in_steps = cost, state["in_steps"]
             if dist.get_rank() == 0:
                 print(f"rlcore: rollout.load_lag_steps=auto: {self.describe()}, as the run fixed it before its "
                       f"checkpoint", flush=True)
