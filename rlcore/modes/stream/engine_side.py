@@ -70,18 +70,21 @@ class Engine:
         g = self.todo[0] if self.todo else self.next_group
         return g if g < self.P * self.steps else None
 
+    def next_with_room(self) -> int | None:
+        """The next group to admit, if there is room in the engine for it."""
+        g = self.next_admit()
+        return g if g is not None and len(self.turns.flying) + self.G <= self.max_running else None
+
     def blocked(self) -> bool:
         """Room for a group, but the next one needs a newer version than the engine holds."""
-        g = self.next_admit()
-        return g is not None and len(self.turns.flying) + self.G <= self.max_running and \
-            self.batch_of(g) - 1 - self.k > self.run.engine.version
+        g = self.next_with_room()
+        return g is not None and self.batch_of(g) - 1 - self.k > self.run.engine.version
 
     def admissible(self) -> bool:
         """Admission would start a group now: one is left, there is room for it, the engine holds the version it
         needs, and no drain holds admission."""
-        g = self.next_admit()
-        return g is not None and not self.draining() and len(self.turns.flying) + self.G <= self.max_running and \
-            self.batch_of(g) - 1 - self.k <= self.run.engine.version
+        g = self.next_with_room()
+        return g is not None and not self.draining() and self.batch_of(g) - 1 - self.k <= self.run.engine.version
 
     def draining(self) -> bool:
         v = self.handed
