@@ -608,7 +608,7 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
 
     logged, ended, sides = SimpleNamespace(lines=[]), [], []
     endpoint = Endpoint(tok, 1.0, 16, 96, 2)
-    rollout = SimpleNamespace(max_new_tokens=16, max_total_tokens=32, temperature=1.0, join_steps=2,
+    rollout = SimpleNamespace(max_new_tokens=16, max_total_tokens=32, temperature=1.0, join_steps=2, group_size=2,
                               schedule=schedule, trajectory_timeout_s=0.0)
     for tp_rank in (0, 1):
         engine, added = Tagged(tok), []
@@ -625,7 +625,8 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
     try:
         for g, row in enumerate(rows):
             for t, _, _ in sides:
-                t.admit(g, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g, 2)
+                for j in range(2):
+                    t.admit(g, j, row | {"prompt_ids": tooladd.prompt_ids(tok, row["prompt"])}, 100 * g)
         run_to_end(turns, engine, (mirror, mirror_engine))
     finally:
         turns.close()

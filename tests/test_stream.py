@@ -33,8 +33,6 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
     (["algorithm.tis_cap=0", "rollout.max_staleness=0"],
      "rollout.stream=true loads weights under requests in flight, so samples span versions: the loss needs the "
      "off-policy correction, algorithm.tis_cap > 0 (e.g. 2)"),
-    (["rollout.max_running=7"], "rollout.max_running=7 is below one prompt group (rollout.group_size=8): the engine "
-                                "could never admit a group; valid: >= 8"),
     (["rollout.env=rlcore.tasks.calculator:CalculatorEnv", "rollout.schedule=continuous", "rollout.step_deadline_s=5"],
      "rollout.step_deadline_s cuts a step's rollout, which streaming does not have (trajectories run across steps): "
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
@@ -127,7 +125,7 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
              "done": [False, False, True]},
             {"name": "b", "first": 41, "obs": [[99, 23], [99], [99]], "rewards": [0, 1, 0],
              "done": [False, True, False]}]
-    rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=24, temperature=1.0, join_steps=2,
+    rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=24, temperature=1.0, join_steps=2, group_size=2,
                               schedule=schedule, trajectory_timeout_s=0.0)
     sides, ended = [], []
     for tp_rank in (0, 1):
@@ -139,7 +137,8 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
         engine.submit = lambda rid, prompt, *a, t=turns, e=engine, log=added: \
             log.append((t.tick, rid, tuple(prompt), a[2])) or StepEngine.submit(e, rid, prompt, *a)
         for g, row in enumerate(rows):
-            turns.admit(g, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g, 2)
+            for j in range(2):
+                turns.admit(g, j, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g)
         sides.append((turns, engine, added))
     (lead, engine, added), (mirror, mirror_engine, mirrored) = sides
     run_to_end(lead, engine, (mirror, mirror_engine))
@@ -289,16 +288,16 @@ def test_a_load_lets_admission_start_what_it_may_first():
     lag.handed(0)
     rollout = NS(free_loads=False)
     engine.__dict__.update(
-        stopped=False, error=None, P=2, G=4, max_running=8, k=2, steps=9, todo=[], next_group=12, handed=5, lag=lag,
+        stopped=False, error=None, P=2, G=4, max_running=8, k=2, steps=9, todo=[], next_sample=48, handed=5, lag=lag,
         turns=NS(flying={}, live={}, done={}), loop=NS(save_due=lambda v: False),
         run=NS(engine=NS(version=4), rollout=NS(eval_rows=[]), cfg=NS(rollout=rollout, train=NS(eval_every=100))))
     assert engine.admissible() and not engine.load_due()
     engine.run.engine.version = 3
     assert not engine.admissible() and engine.load_due()
-    engine.run.engine.version, engine.next_group = 4, 18
+    engine.run.engine.version, engine.next_sample = 4, 72
     assert not engine.admissible() and engine.load_due()
 
-    engine.lag, engine.next_group = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1), 12
+    engine.lag, engine.next_sample = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1), 48
     assert not engine.load_due()
     engine.turns.done = {10: None, 11: None}  # batch 6, complete
     assert engine.load_due()

@@ -79,9 +79,6 @@ def check_stream(cfg: Config, dims) -> None:
                          "run across steps): set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)")
     if getattr(cfg.algorithm, "dynamic_sampling", 0):
         raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
-    if r.max_running and r.max_running < r.group_size:
-        raise ValueError(f"rollout.max_running={r.max_running} is below one prompt group (rollout.group_size="
-                         f"{r.group_size}): the engine could never admit a group; valid: >= {r.group_size}")
     if r.load_lag_steps != "auto":
         check_lag(cfg, dims)
 

@@ -92,7 +92,7 @@ class RolloutConfig:
     # off-policy correction (an algorithm whose corrects_off_policy is true, e.g. algorithm.tis_cap > 0).
     max_staleness: int = 0
     # Streaming (rlcore/modes/stream/), with a split mesh: the engines never drain; each keeps up to max_running
-    # sequences running, admits the next prompt group as soon as there is room, and loads each new version
+    # sequences running, admits the next trajectory the step a slot frees, and loads each new version
     # between two engine steps under the requests in flight. max_staleness bounds every token's age.
     stream: bool = False
     max_running: int = 0  # streaming: trajectories in flight at once on each engine; 0 = its share of one step

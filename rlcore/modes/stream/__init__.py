@@ -5,11 +5,13 @@
 
 The batch-level split (rlcore/modes/split.py) samples each batch whole with one version and waits for its longest
 sample. Here each engine (E = rollout.ranks / T engines of T = rollout.tensor_parallel ranks) keeps up to
-rollout.max_running trajectories in flight and admits its next prompt group (group_size trajectories, seeds as
-split's) as soon as there is room, across step boundaries. Engine e streams its own P = prompts_per_step / E
-groups of every batch (the rows split deals it: its prompt stream), batch b being its groups [(b-1)P, bP), in
-order; the trainers take batch b whole, the engines' shares in engine order, so every batch is the same rows in
-the same order as colocated and split. The text below speaks of one engine; each engine runs it on its own.
+rollout.max_running trajectories in flight and admits the next one the step a slot frees, across step boundaries:
+trajectory j of prompt group g (group_size trajectories, seeds as split's) is the stream's g x group_size + j, so
+a group's samples may start steps apart, and the group is scored once all of them have ended. Engine e streams
+its own P = prompts_per_step / E groups of every batch (the rows split deals it: its prompt stream), batch b
+being its groups [(b-1)P, bP), in order; the trainers take batch b whole, the engines' shares in engine order,
+so every batch is the same rows in the same order as colocated and split. The text below speaks of one engine;
+each engine runs it on its own.
 
 Multi-turn (rollout.env, rlcore/modes/stream/turns.py): a trajectory's turns are requests of their own and may span
 versions; its environment runs on the engine's first rank, and its answers join the engine at an engine step fixed by
@@ -18,7 +20,7 @@ engine waits there for a late tool) or as they arrive (continuous: not reproduci
 its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
 rlcore/modes/stream/agents.py): each call is a turn, and the agent's next call (or its end) joins as an answer does.
 
-Versions and staleness (k = rollout.max_staleness). A group of batch b is admitted only while the engine holds
+Versions and staleness (k = rollout.max_staleness). A trajectory of batch b is admitted only while the engine holds
 a version >= b - 1 - k (admission control). Its tokens are then sampled by that version or newer ones, and the
 trainers train batch b from version b - 1: no token is ever more than k versions old, and nothing is dropped
 (`async/dropped_samples` is 0 by construction; long groups wait in the engine, they are never thrown away).
@@ -39,8 +41,8 @@ spends its decode, base + per_seq x its running sequences, plus per_token x the 
 (vLLM's scheduler's count; whole nanoseconds, fitted to the measured steps), and the budget is 1.25 x the trainers'
 slowest step (the longest lag over the rollout ranks). It prints it and keeps it in the checkpoints: a resume loads
 at the same steps, but two auto runs measure apart, so a fixed L is what makes two runs identical. Save and eval
-steps drain first: no admission after batch v is handed, until no trajectory is in flight (environment calls
-included).
+steps drain first: no group starts after batch v is handed (a started group's samples do, so that every group
+in flight ends), until no trajectory is in flight (environment calls included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives

@@ -60,20 +60,17 @@ class AgentTurns(Turns):
         self.index = 0
         self.warned = False
 
-    def admit(self, g: int, row: dict, seed: int, size: int) -> None:
+    def admit(self, g: int, j: int, row: dict, seed: int) -> None:
+        key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
+        self.groups.setdefault(g, []).append(x)
+        self.flying[key], self.started[key], self.calls[key] = x, time.perf_counter(), []
+        self.due[key] = self.tick + self.join_steps
         if self.lead:
             self.endpoint.temperature = self.temperature  # an eval in between pinned it to greedy
-        self.groups[g] = []
-        for j in range(size):
-            key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
-            self.groups[g].append(x)
-            self.flying[key], self.started[key], self.calls[key] = x, time.perf_counter(), []
-            self.due[key] = self.tick + self.join_steps
-            if self.lead:
-                self.sessions[key] = s = self.endpoint.open(self.index)
-                self.keys[self.index], self.index = key, self.index + 1
-                self.runner.submit(key, self.run_agent, x, s)
-                self.runner.calls[key][0].add_done_callback(lambda _: self.endpoint.wake.set())
+            self.sessions[key] = s = self.endpoint.open(self.index)
+            self.keys[self.index], self.index = key, self.index + 1
+            self.runner.submit(key, self.run_agent, x, s)
+            self.runner.calls[key][0].add_done_callback(lambda _: self.endpoint.wake.set())
 
     async def run_agent(self, x: Trajectory, s: Session):
         return await self.agent(self.clients.client(s.token, self.envs.timeout_s), x.row)

@@ -46,7 +46,9 @@ class Engine:
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
         # the trajectories in flight, and the finished groups (rlcore/modes/stream/turns.py; agents: stream_agents.py)
         self.turns = (AgentTurns if run.rollout.envs.agent is not None else Turns)(run)
-        self.next_group, self.todo = 0, []  # the next group to admit; groups to admit first (after a signal)
+        # admission goes by trajectory (sample j of group g is g x G + j), so a slot refills the step it frees:
+        # the next to admit, and those to admit first (after a signal: the dropped groups' samples, admitted anew)
+        self.next_sample, self.todo = 0, []
         self.handed, self.probe, self.scores = 0, None, {}
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
         self.clock = new_clock()
@@ -67,24 +69,30 @@ class Engine:
         return all(g in self.turns.done for g in range(self.P * (b - 1), self.P * b))
 
     def next_admit(self) -> int | None:
-        g = self.todo[0] if self.todo else self.next_group
-        return g if g < self.P * self.steps else None
+        """The next trajectory to admit (g x G + j), None when every batch's are."""
+        s = self.todo[0] if self.todo else self.next_sample
+        return s if s < self.P * self.G * self.steps else None
 
     def next_with_room(self) -> int | None:
-        """The next group to admit, if there is room in the engine for it."""
-        g = self.next_admit()
-        return g if g is not None and len(self.turns.flying) + self.G <= self.max_running else None
+        """The next trajectory to admit, if there is room in the engine for it."""
+        s = self.next_admit()
+        return s if s is not None and len(self.turns.flying) < self.max_running else None
+
+    def may_start(self, s: int) -> bool:
+        """Whether trajectory s may start now: the engine holds the version its batch needs, and no drain holds
+        admission (a drain lets a started group's samples start, so that every admitted group ends)."""
+        return (self.batch_of(s // self.G) - 1 - self.k <= self.run.engine.version
+                and (s % self.G > 0 or not self.draining()))
 
     def blocked(self) -> bool:
-        """Room for a group, but the next one needs a newer version than the engine holds."""
-        g = self.next_with_room()
-        return g is not None and self.batch_of(g) - 1 - self.k > self.run.engine.version
+        """Room for a trajectory, but the next one needs a newer version than the engine holds."""
+        s = self.next_with_room()
+        return s is not None and self.batch_of(s // self.G) - 1 - self.k > self.run.engine.version
 
     def admissible(self) -> bool:
-        """Admission would start a group now: one is left, there is room for it, the engine holds the version it
-        needs, and no drain holds admission."""
-        g = self.next_with_room()
-        return g is not None and not self.draining() and self.batch_of(g) - 1 - self.k <= self.run.engine.version
+        """Admission would start a trajectory now: one is left, there is room for it and it may start."""
+        s = self.next_with_room()
+        return s is not None and self.may_start(s)
 
     def draining(self) -> bool:
         v = self.handed
@@ -148,18 +156,16 @@ class Engine:
         self.turns.join(answers, late)
 
     def admit(self) -> None:
-        if self.draining():
-            return
-        while (g := self.next_admit()) is not None and len(self.turns.flying) + self.G <= self.max_running:
+        """Trajectories in order while there is room and each may start (`may_start`)."""
+        while (s := self.next_with_room()) is not None and self.may_start(s):
+            g, j = divmod(s, self.G)
             b = self.batch_of(g)
-            if b - 1 - self.k > self.run.engine.version:
-                return
             if g not in self.rows:  # the whole batch's rows, drawn from the prompt stream in order
                 self.rows |= {self.P * (b - 1) + i: row for i, row in enumerate(self.run.rollout.prompts.next_batch())}
             if self.todo:
-                self.todo.remove(g)
-            self.next_group = max(self.next_group, g + 1)
-            self.turns.admit(g, self.rows[g], self.seed(g), self.G)
+                self.todo.remove(s)
+            self.next_sample = max(self.next_sample, s + 1)
+            self.turns.admit(g, j, self.rows[g], self.seed(g))
 
     def seed(self, g: int) -> int:
         return rollout_seed(self.run.cfg.seed, self.batch_of(g), self.e * self.P + g % self.P, self.G)
@@ -280,17 +286,23 @@ class Engine:
         raise self.loop.preempted(step, self.save(step) if step > 0 else None)
 
     def drop(self) -> None:
-        self.todo = sorted(set(self.todo) | set(self.turns.drop()))
+        """Every trajectory in flight, with its whole group: the groups' admitted samples are admitted again."""
+        dropped = {g * self.G + j for g in self.turns.drop() for j in range(self.G)}
+        self.todo = sorted(set(self.todo) | {s for s in dropped if s < self.next_sample})
 
     def save(self, step: int):
         """Collective over every rank: the checkpoint of `step`, with the stream's state (nothing is running)."""
-        state = {"rows": self.rows, "done": self.turns.done, "next_group": self.next_group, "todo": self.todo,
+        state = {"rows": self.rows, "done": self.turns.done, "next_sample": self.next_sample, "todo": self.todo,
                  "handed": self.handed, "probe": self.probe, "pending": self.pending, "lag": self.lag.state()}
         return self.loop.save(step, {}, {"split": state}, writer=self.run.dims.rollout_ranks)
 
     def restore(self, state: dict) -> None:
-        self.rows, self.turns.done, self.next_group, self.todo = (state["rows"], state["done"], state["next_group"],
-                                                                  state["todo"])
+        self.rows, self.turns.done, self.todo = state["rows"], state["done"], state["todo"]
+        if "next_sample" in state:
+            self.next_sample = state["next_sample"]
+        else:  # a checkpoint saved while admission went by group: its group counts
+            self.next_sample = state["next_group"] * self.G
+            self.todo = [g * self.G + j for g in self.todo for j in range(self.G)]
         self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
         self.lag.restore(state.get("lag"))
 

@@ -52,6 +52,7 @@ class Turns:
         r, self.envs, self.run = run.cfg.rollout, run.rollout.envs, run
         self.max_new, self.max_total, self.temperature = r.max_new_tokens, r.max_total_tokens or r.max_new_tokens, \
             r.temperature
+        self.size = r.group_size  # a group is scored once all its samples are admitted and ended
         self.join_steps, self.at_once, self.budget_s = r.join_steps, r.schedule == "continuous", \
             r.trajectory_timeout_s
         # tensor parallelism: the environments run, and groups are scored, on the engine's first rank (the lead);
@@ -60,7 +61,7 @@ class Turns:
         self.runner = EnvRunner(self.envs.workers, min(self.envs.timeout_s, self.envs.turn_s),
                                 self.envs.max_tool_calls) if self.multi and self.tp_rank == 0 else None
         self.flying: dict[Key, Trajectory] = {}  # admitted, not ended
-        self.groups: dict[int, list[Trajectory]] = {}  # group -> its trajectories, until it is scored
+        self.groups: dict[int, list[Trajectory]] = {}  # group -> its trajectories admitted so far, until scored
         self.done: dict[int, dict] = {}  # group -> scored (trajectories without environments, rewards, tools)
         self.live: dict[str, Key] = {}  # request id -> its trajectory, for requests in the engine
         self.caps: dict[Key, int] = {}  # each live request's token cap (whether a cut action is complete)
@@ -74,15 +75,14 @@ class Turns:
 
     # ---- admission, turns, answers ----
 
-    def admit(self, g: int, row: dict, seed: int, size: int) -> None:
-        self.groups[g] = []
-        for j in range(size):
-            key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
-            self.groups[g].append(x)
-            self.flying[key], self.started[key] = x, time.perf_counter()
-            if not self.multi:
-                self.submit_turn(key, x)
-                continue
+    def admit(self, g: int, j: int, row: dict, seed: int) -> None:
+        """Sample j of group g (its seed: the group's + j), in flight from now: its first turn, or its reset."""
+        key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
+        self.groups.setdefault(g, []).append(x)
+        self.flying[key], self.started[key] = x, time.perf_counter()
+        if not self.multi:
+            self.submit_turn(key, x)
+        else:
             if self.runner is not None:
                 self.runner.submit(key, start, x, self.envs.factory)
             self.due[key] = self.tick + self.join_steps
@@ -181,12 +181,13 @@ class Turns:
     def ended(self, key: Key) -> None:
         del self.flying[key], self.started[key]
         g = key[0]
-        if all(x.done for x in self.groups[g]):
+        if len(self.groups[g]) == self.size and all(x.done for x in self.groups[g]):
             trajs = self.groups.pop(g)
             self.done[g] = self.scored(trajs) if self.tp_rank == 0 else {}  # the lead hands batches over
 
     def drop(self) -> list[int]:
-        """A signal: every trajectory in flight is dropped, with its whole group (admitted again from scratch)."""
+        """A signal: every trajectory in flight is dropped, with its whole group (admitted again from scratch): the
+        groups admitted and not scored."""
         self.run.engine.abort(sorted(self.live))
         for key in self.due if self.runner is not None else ():
             self.runner.drop(key)
