@@ -303,6 +303,64 @@ def test_a_load_lets_admission_start_what_it_may_first():
     assert engine.load_due()
 
 
+def test_admission_fills_each_freed_slot_with_the_next_trajectory():
+    """Engine.admit on its own state: batches of 2 groups of 4 samples (sample j of group g is 4g + j), 6 slots,
+    k=1, version 0 (batches 1-2 may start, batch 3 needs version 1). The first boundary starts samples 0-5: group 0
+    and half of group 1. One ends: sample 6 takes its slot at once (by group it would wait for 4 free slots). A
+    drain (a save due at this load) holds new groups but lets group 1's last sample start, so every group in
+    flight can end; a signal drops the groups in flight and re-admits their admitted samples first, in order.
+    Each sample is seeded its group's seed + j."""
+    from types import SimpleNamespace as NS
+
+    from rlcore.modes.stream.engine_side import Engine
+    admitted = []
+
+    class Turns:
+        def __init__(self):
+            self.flying = {}
+
+        def admit(self, g, j, row, seed):
+            self.flying[(g, j)] = seed + j
+            admitted.append((g, j))
+
+        def drop(self):
+            groups = sorted({g for g, _ in self.flying})
+            self.flying.clear()
+            return groups
+
+    saving = []
+    engine = Engine.__new__(Engine)
+    engine.__dict__.update(
+        P=2, G=4, max_running=6, k=1, steps=3, todo=[], next_sample=0, handed=0, rows={}, e=0, turns=Turns(),
+        loop=NS(save_due=lambda v: bool(saving)),
+        run=NS(engine=NS(version=0), rollout=NS(eval_rows=[], prompts=NS(next_batch=lambda: [{}, {}])),
+               cfg=NS(seed=7, train=NS(eval_every=100))))
+    engine.admit()
+    assert admitted == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)] and engine.next_sample == 6
+    assert engine.turns.flying[(1, 1)] == engine.seed(1) + 1 and engine.seed(1) != engine.seed(0)
+    del engine.turns.flying[(0, 2)]
+    engine.admit()
+    assert admitted[6:] == [(1, 2)] and not engine.admissible()
+    engine.handed, saving[:] = 1, [True]  # batch 1 handed over, its version's load saves: the engine drains
+    del engine.turns.flying[(0, 0)], engine.turns.flying[(0, 1)]
+    engine.admit()
+    assert admitted[7:] == [(1, 3)] and engine.next_sample == 8 and not engine.admissible()  # group 2 waits
+    saving.clear()
+    engine.admit()
+    assert admitted[8:] == [(2, 0)] and engine.next_sample == 9
+    engine.drop()  # in flight: samples of groups 0, 1 and 2 -> their admitted samples first, then sample 9 on
+    assert engine.todo == list(range(9)) and engine.next_admit() == 0
+    admitted.clear()
+    engine.admit()
+    assert admitted == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)] and engine.todo == [6, 7, 8]
+    engine.turns.flying.clear()
+    engine.admit()
+    assert admitted[6:] == [(1, 2), (1, 3), (2, 0), (2, 1), (2, 2), (2, 3)] and engine.todo == []
+    engine.turns.flying.clear()
+    engine.admit()  # group 3 ends batch 2; batch 3 (group 4, sample 16) needs version 1: room, but blocked
+    assert admitted[12:] == [(3, 0), (3, 1), (3, 2), (3, 3)] and engine.next_sample == 16 and engine.blocked()
+
+
 @pytest.fixture
 def one_rank(tmp_path):
     """A one-rank gloo group: the lag's print asks for the rank."""
