@@ -229,7 +229,8 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
         assert not fixed.due()
     fixed.stepped(1, 1, 500, 0.5)
     assert fixed.due() and fixed.metrics(*fixed.at_load(13)) == {
-        "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1, "stream/lag_spent_s": -1}
+        "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1, "stream/lag_spent_s": -1,
+        "stream/batch_tokens": 0}
     fixed.handed(20)
     fixed.stepped(3, 0)
     assert fixed.due()
@@ -271,6 +272,33 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     older = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
     older.restore({"cost": (2000, 500, 1_000_000), "in_steps": False})
     assert older.cost == (2_000_000, 500_000, 0, 0, 2**62, 10**9) and step_cost(older.cost, 64, 100) == 34_000_000
+    assert older.ref == 0 and older.budget() == 10**9  # and before the tokens: the budget does not scale
+
+
+def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
+    """auto's budget x the batch's tokens over those of the batch it was measured on, never less. Batch 2 had
+    1000 tokens and the trainers' step 0.8 s: 1 s for it. Steps of 8 sequences at 6 ms (the one measured): batch 3
+    of 1500 tokens gets 1.5 s, reached by the 250th step (250 x 6 ms); batch 4 of 500 tokens keeps 1 s (167 steps).
+    The fixed lag in steps does not scale. A checkpoint keeps the tokens it was measured on and the batch's."""
+    from types import SimpleNamespace as NS
+    lag = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    lag.stepped(1, 8, 8, 6e-3)
+    lag.handed(0, 1000)
+    lag.loaded(2, 0.8)
+    assert lag.cost == (6_000_000, 0, 0, 8, 8, 10**9) and lag.ref == 1000
+    for tokens, steps in ((1500, 250), (500, 167), (1000, 167), (3001, 501)):
+        lag.handed(0, tokens)
+        for _ in range(steps - 1):
+            lag.stepped(1, 8, 8, 0.001)
+        assert not lag.due()
+        lag.stepped(1, 8, 8, 0.001)
+        assert lag.due() and lag.metrics(*lag.at_load(steps))["stream/lag_s"] == max(tokens, 1000) / 1000
+    again = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    again.restore(lag.state())
+    assert (again.cost, again.ref, again.tokens, again.budget()) == (lag.cost, 1000, 3001, 3_001_000_000)
+    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    fixed.handed(0, 5000)
+    assert fixed.budget() == 3
 
 
 def test_a_load_lets_admission_start_what_it_may_first():
@@ -460,13 +488,12 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = [json.loads(line) for line in (tmp_path / "demo" / "metrics.jsonl").read_text().splitlines()]
     lag, step_s = auto_lag(proc.stdout, rows, max_running=32)
-    assert [r["stream/lag_steps"] for r in rows] == [-1] * 6
-    assert rows[0]["stream/lag_s"] == -1 and {r["stream/lag_s"] for r in rows[1:]} == {lag}  # fixed at load 2
+    assert [r["stream/lag_steps"] for r in rows] == [-1] * 6 and rows[0]["stream/lag_s"] == -1  # fixed at load 2
     under = [r for r in rows[2:] if r["stream/recomputed_tokens"] > 0]
     # 3 and 6 drain for their checkpoints; 5 may find the engine done with all it may run (the run's last batches)
     assert 4 in [r["step"] for r in under]
     # at the first boundary the lag was reached: its steps spent it, and less one step (at most a full one) had not
-    assert all(lag <= r["stream/lag_spent_s"] < lag + step_s for r in under)
+    assert all(r["stream/lag_s"] <= r["stream/lag_spent_s"] < r["stream/lag_s"] + step_s for r in under)
     assert all(r["throughput/frozen_share"] < 0.02 for r in under)
     assert all(r["throughput/trainer_idle_share"] > 0.5 for r in under)
     frozen = re.search(r"the engine frozen at its loads ([\d.]+)%", (tmp_path / "demo" / "summary.md").read_text())
@@ -489,14 +516,19 @@ def auto_lag(stdout: str, rows: list[dict], max_running: int, tokens: int = 4096
     """auto's lag (seconds of predicted engine time, as the metrics log it) and the most one engine step of at most
     max_running sequences and `tokens` computed tokens (the CPU engine's max_num_batched_tokens: 4096 x TP here)
     spends of it, from its one printed line (which must agree with the metrics). A jump to an environment's join
-    spends nothing, so the bound holds in multi-turn runs too."""
+    spends nothing, so the bound holds in multi-turn runs too. Each later load's budget is the lag x its batch's
+    tokens over those of batch 2 (the printed ref) where it has more, to the nanosecond."""
     (line,) = re.findall(r"rollout.load_lag_steps=auto: each version loads once .*", stdout)
     printed = re.search(r"are predicted to have taken ([\d.]+) s", line)[1]
     base, per_seq, lo, hi, per_token = map(float, re.search(
         r"an engine step ([\d.]+) ms \+ ([\d.]+) ms a running sequence \((\d+)-(\d+) measured\) \+ ([\d.]+) us a "
         r"computed token", line).groups())
+    ref = int(re.search(r"x a batch's tokens / (\d+) where it has more", line)[1])
     lag = rows[1]["stream/lag_s"]  # from the load that fixed it, load 2 (the first row's load measured)
     assert f"{lag:.3f}" == printed and base + per_seq > 0 and 0 <= lo <= hi  # the same number, printed to the ms
+    assert rows[1]["stream/batch_tokens"] == ref > 0
+    assert [r["stream/lag_s"] for r in rows[1:]] == \
+        [round(lag * 1e9) * max(r["stream/batch_tokens"], ref) // ref / 1e9 for r in rows[1:]]
     # printed to 0.01 ms, 0.001 ms and 0.1 us
     return lag, (base + 0.005 + (per_seq + 0.0005) * max_running + (per_token + 0.05) * tokens / 1e3) / 1e3
 
@@ -553,10 +585,11 @@ def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
     lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256, tokens=8192)  # the demo's 32 prompts x 8
-    assert [r["stream/lag_s"] for r in rows[1:]] == [-1] + [lag] * 4
-    assert all(r["stream/lag_spent_s"] < lag + step_s for r in rows[3:])  # at the lag, or earlier with nothing in flight
+    assert rows[1]["stream/lag_s"] == -1 and all(r["stream/lag_s"] >= lag for r in rows[2:])
+    # at the lag, or earlier with nothing in flight
+    assert all(r["stream/lag_spent_s"] < r["stream/lag_s"] + step_s for r in rows[3:])
     # loads under requests in flight are at the lag (the demo's 8-token responses may leave none in flight)
-    assert all(r["stream/lag_spent_s"] >= lag for r in rows[3:] if r["stream/recomputed_tokens"] > 0)
+    assert all(r["stream/lag_spent_s"] >= r["stream/lag_s"] for r in rows[3:] if r["stream/recomputed_tokens"] > 0)
     assert all(r["async/probe_logprob_diff_max"] < 1e-3 for r in rows[1:])
     assert learned(rows) >= 0.3, [r.get("eval/accuracy") for r in rows]
 

@@ -223,7 +223,9 @@ class Engine:
             for g in groups:
                 del self.rows[g]
             self.handed = b
-            self.lag.handed(self.turns.tick)
+            # the batch's tokens, every engine's share (auto's budget grows with them: rlcore/modes/stream/lag.py)
+            self.lag.handed(self.turns.tick, sum(int(m["batch"].attention_mask.sum()) for m in messages
+                                                 if m.get("batch") is not None))
             if self.run.cfg.rollout.free_loads and self.lead:
                 self.waiting = listen(self.link)
         if any(m["stop"] for m in messages):

@@ -7,10 +7,16 @@ in nanoseconds of predicted engine time (whole numbers, so every rank of an engi
 the same): a step of n running sequences that computes c tokens (vLLM's scheduler's count) spends
     decode(n) + per_token x max(c - n, 0)
 where decode(n) = base + per_seq x n inside the counts it measured (lo..hi), decode(hi) above them, and
-below lo a share n / lo of decode(lo). The budget is MARGIN x the trainers' step: the version loads when the steps
-since the hand-over are predicted to have taken that long. On a GPU a decode step costs about the same at 8 or 256
-sequences (per_seq ~0); on a CPU it grows with them, and a count of steps measured at one occupancy is too long or
-too short at another.
+below lo a share n / lo of decode(lo). On a GPU a decode step costs about the same at 8 or 256 sequences
+(per_seq ~0); on a CPU it grows with them, and a count of steps measured at one occupancy is too long or too short
+at another.
+
+The budget is MARGIN x the trainers' step: the version loads when the steps since the hand-over are predicted to
+have taken that long. A trainers' step grows with its batch's tokens, and they rise as a policy learns to answer at
+length (benchmarks/async_rl.py's single-turn workload: 2512 -> 5384 tokens and 0.88 -> 1.93 s between steps 3 and
+8, 0.35-0.37 ms a token), so version v's budget is the measured one x the tokens of batch v over those of the
+batch it was measured on, and never less (a smaller batch's step keeps its fixed costs). The tokens are the
+batch's own, prompts and responses of every engine's share: data, not timing.
 
 Why these parts (benchmarks/RESULTS.md, "auto's lag with the step's prefill"): what a step costs beyond its count
 is the prefill it also does, the turns' contexts and the start's fresh prompts, a third of the steps' time at 16
@@ -51,13 +57,17 @@ class LoadLag:
         # auto, while it measures: (running sequences, tokens computed, seconds) of each step
         self.samples: list[tuple[int, int, float]] = []
         self.ready_s = 0.0  # auto: the trainers' slowest step since the first (which warms up: compiles, allocates)
+        # the tokens of the batch handed over last, of the batch that slowest step trained, and (auto, fixed) of
+        # the batch the budget was measured on: the budget scales by tokens / ref when it is larger (0: it does not)
+        self.tokens, self.ready_tokens, self.ref = 0, 0, 0
 
     @property
     def fixed(self) -> bool:
         return self.cost is not None
 
-    def handed(self, tick: int) -> None:
-        self.handed_at, self.spent = tick, 0
+    def handed(self, tick: int, tokens: int = 0) -> None:
+        """Batch v handed over at engine step `tick`; `tokens`: its prompts' and responses' (every engine's)."""
+        self.handed_at, self.spent, self.tokens = tick, 0, tokens
 
     def stepped(self, ticks: int, running: int, computed: int = 0, took: float | None = None) -> None:
         """The engine's clock moved `ticks` steps: one engine step of `running` sequences that computed `computed`
@@ -74,13 +84,18 @@ class LoadLag:
             self.samples.append((running, computed, took))
 
     def due(self) -> bool:
-        return self.spent >= self.cost[-1]
+        return self.spent >= self.budget()
+
+    def budget(self) -> int:
+        """This version's lag: a fixed one's steps; auto's budget, scaled up by the batch's tokens over ref's."""
+        budget = self.cost[-1]
+        return budget * self.tokens // self.ref if self.ref and self.tokens > self.ref else budget
 
     def loaded(self, v: int, ready_s: float) -> None:
         """At the load of version v: the trainers' time for it (from the second on: the first step's one-time costs
         are not a step's); auto fixes the lag at load CALIBRATE."""
-        if v > 1:
-            self.ready_s = max(self.ready_s, ready_s)
+        if v > 1 and ready_s > self.ready_s:
+            self.ready_s, self.ready_tokens = ready_s, self.tokens
         if self.measuring and self.cost is None and v >= CALIBRATE:
             # measured steps and a trainers' step on every rollout rank (a run resumed from a checkpoint of step 1
             # may load version 2 before any step: it measures on)
@@ -91,22 +106,24 @@ class LoadLag:
     def fix(self, v: int) -> None:
         """rollout.load_lag_steps=auto, at load CALIBRATE: the step model fitted to the steps measured so far
         (`step_model`), the budget MARGIN x the trainers' slowest step so far but the first (from taking a batch to
-        having its version ready). Over the rollout ranks (an engine's ranks must agree) the smallest costs, the
-        narrowest range of counts and the largest budget: the longest lag any of them measured. Fixed for the rest
-        of the run and saved in its checkpoints (a resume loads at the same steps)."""
+        having its version ready), and ref, the tokens of the batch that step trained. Over the rollout ranks (an
+        engine's ranks must agree) the smallest costs, the narrowest range of counts, the largest budget and the
+        smallest ref: the longest lag any of them measured. Fixed for the rest of the run and saved in its
+        checkpoints (a resume loads at the same steps)."""
         base, per_seq, per_token, lo, hi = step_model(self.samples)
         cost = [max(round(base * NS), 1), round(per_seq * NS), round(per_token * NS), lo, hi,
                 math.ceil(MARGIN * self.ready_s * NS)]
+        ref = self.ready_tokens
         if self.ranks > 1:
             cost = [int(all_min(c)) for c in cost[:3]] + [int(all_max(lo)), int(all_min(hi)), int(all_max(cost[5]))]
-            cost[4] = max(cost[4], cost[3])
-        self.cost = tuple(cost)
+            cost[4], ref = max(cost[4], cost[3]), int(all_min(ref))
+        self.cost, self.ref = tuple(cost), ref
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
                   f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
-                  f"{self.ready_s:.3f} s x {MARGIN}; {self.describe_step()}, fitted to versions 1-{v}'s steps), or "
-                  f"earlier with nothing in flight or to start; stream/load_lag logs the engine steps each load came "
-                  f"after", flush=True)
+                  f"{self.ready_s:.3f} s x {MARGIN}; {self.describe_step()}, fitted to versions 1-{v}'s steps), x a "
+                  f"batch's tokens / {ref} where it has more, or earlier with nothing in flight or to start; "
+                  f"stream/load_lag logs the engine steps each load came after", flush=True)
 
     def at_load(self, tick: int) -> tuple[int, int | None]:
         """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
@@ -115,15 +132,17 @@ class LoadLag:
 
     def metrics(self, ticks: int, spent: int | None) -> dict[str, float]:
         """Of a load (`at_load`), logged after it: its engine steps after the hand-over; a lag in steps (-1 with
-        auto's lag in time); auto's budget (from the load that fixes it) and what the steps before the load had
-        spent of it, in seconds of predicted engine time (-1 otherwise)."""
+        auto's lag in time); auto's budget for this version (from the load that fixes it) and what the steps
+        before the load had spent of it, in seconds of predicted engine time (-1 otherwise); the batch's tokens."""
         timed = self.cost is not None and not self.in_steps
         return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
-                "stream/lag_s": self.cost[-1] / NS if timed else -1,
-                "stream/lag_spent_s": spent / NS if timed and spent is not None else -1}
+                "stream/lag_s": self.budget() / NS if timed else -1,
+                "stream/lag_spent_s": spent / NS if timed and spent is not None else -1,
+                "stream/batch_tokens": self.tokens}
 
     def state(self) -> dict | None:
-        return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps}
+        return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps, "ref": self.ref,
+                                               "tokens": self.tokens}
 
     def restore(self, state) -> None:
         if self.cost is None and state is not None:  # auto: the lag this run fixed before the checkpoint
@@ -134,6 +153,7 @@ class LoadLag:
                 cost = (1, 0, 0, 0, 0, cost[2]) if state["in_steps"] else \
                     (cost[0] * 1000, cost[1] * 1000, 0, 0, 2**62, cost[2] * 1000)
             self.cost, self.in_steps = cost, state["in_steps"]
+            self.ref, self.tokens = state.get("ref", 0), state.get("tokens", 0)  # saved before the scaling: 0
             if dist.get_rank() == 0:
                 print(f"rlcore: rollout.load_lag_steps=auto: {self.describe()}, as the run fixed it before its "
                       f"checkpoint", flush=True)
@@ -141,7 +161,8 @@ class LoadLag:
     def describe(self) -> str:
         if self.in_steps:
             return f"{self.cost[-1]} engine steps"
-        return f"{self.cost[-1] / NS:.3f} s of predicted engine time ({self.describe_step()})"
+        scaled = f", x a batch's tokens / {self.ref} where it has more" if self.ref else ""
+        return f"{self.cost[-1] / NS:.3f} s of predicted engine time ({self.describe_step()}){scaled}"
 
     def describe_step(self) -> str:
         base, per_seq, per_token, lo, hi, _ = self.cost
