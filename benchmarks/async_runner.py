@@ -204,17 +204,20 @@ def report(results: dict[str, list[dict]], occupancy_batch: float) -> list[str]:
 
 
 def steady(contender: str, rows: list[dict]) -> str:
-    """Streaming's occupancy in steady state: per engine step, over the kept steps v with v + k <= the run's steps.
+    """Streaming's occupancy in steady state, and its slots held (trajectories in flight, running or waiting for
+    their environment's answer): per engine step, over the kept steps v with v + k <= the run's steps.
     The row of step v covers the engine steps from load v - 1 to load v, when admission may start batches up to
     v + k; past the run's last batch the engine drains (the pipeline's end, not its steady state)."""
     k, last = int(re.search(r"k=(\d+)", contender)[1]), max(r["step"] for r in rows)  # run_once keeps 3..steps-1
     kept = [r for r in rows if r["step"] + k <= last + 1]
     if not kept:
         return "occupancy in steady state: no kept step before the drain (more --steps)"
-    occ = sum(r["stream/occupancy"] * r["stream/engine_steps"] for r in kept) / sum(r["stream/engine_steps"]
-                                                                                  for r in kept)
+    steps = sum(r["stream/engine_steps"] for r in kept)
+    occ = sum(r["stream/occupancy"] * r["stream/engine_steps"] for r in kept) / steps
+    held = sum(r.get("stream/slots_held", float("nan")) * r["stream/engine_steps"] for r in kept) / steps
     first = min(r["step"] for r in kept)
-    return f"occupancy in steady state {occ:.0%} (steps {first}-{last + 1 - k}: the drain left out)"
+    return (f"occupancy in steady state {occ:.0%}, slots held {held:.0%} (running or waiting for their tool; steps "
+            f"{first}-{last + 1 - k}: the drain left out)")
 
 
 def lag(m: dict) -> str:

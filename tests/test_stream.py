@@ -611,6 +611,9 @@ def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path)
     assert all(r["async/token_staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in a[1:])
     assert max(r["async/versions_per_sample"] for r in a[1:]) > 1.05 and min(r["tool/calls"] for r in a[1:]) > 0
     assert all(1 < r["env/turns_mean"] <= 2 and r["async/probe_logprob_diff_max"] < 1e-3 for r in a[1:])
+    # a trajectory waiting for its tool holds its slot and runs nothing: slots held >= running, and > in some steps
+    assert all(r["stream/occupancy"] <= r["stream/slots_held"] <= 1 for r in a[1:])
+    assert any(r["stream/slots_held"] > r["stream/occupancy"] for r in a[1:])
 
     proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}",
                     env={"TERM_AT_VERSION": "5", "TERM_STAMP": str(tmp_path / "sent")})

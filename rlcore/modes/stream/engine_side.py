@@ -177,7 +177,7 @@ class Engine:
             self.turns.idle()
             self.lag.stepped(self.turns.tick - tick, 0)
             return
-        t0, running = time.perf_counter(), len(self.turns.live)
+        t0, running, held = time.perf_counter(), len(self.turns.live), len(self.turns.flying)
         finished = self.run.engine.step()
         self.turns.tick += 1
         for rid, sample in finished:
@@ -188,6 +188,7 @@ class Engine:
         took = time.perf_counter() - t0
         self.clock["steps"] += 1
         self.clock["running"] += running
+        self.clock["held"] += held
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
         self.lag.stepped(1, running, self.run.engine.computed, time.perf_counter() - self.began)
@@ -312,13 +313,15 @@ class Engine:
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run), the same weighted by wall time (stalls count as empty), the engine steps, the time waiting for
+        every run), the slots held (trajectories in flight: running, or waiting for their environment's answer), the
+        running share weighted by wall time (stalls count as empty), the engine steps, the time waiting for
         weights and the share of wall time the engine was frozen (waiting with requests in flight), and the time
         in engine steps (time/collect_s: the engine side's busy time in the summary's split line). Shares and step
         counts, not seconds, are what carries from this machine to another."""
         c, now = self.clock, time.perf_counter()
         wall = now - c["t"]
         metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
+                   "stream/slots_held": c["held"] / max(c["steps"], 1) / self.max_running,
                    "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
                    "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
                    "throughput/frozen_share": c["frozen_s"] / max(wall, 1e-9),
@@ -328,7 +331,7 @@ class Engine:
 
 
 def new_clock(now: float | None = None) -> dict:
-    return {"steps": 0, "running": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
+    return {"steps": 0, "running": 0, "held": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
             "t": time.perf_counter() if now is None else now}
 
 
