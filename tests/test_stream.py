@@ -331,6 +331,34 @@ def test_a_load_lets_admission_start_what_it_may_first():
     assert engine.load_due()
 
 
+def test_a_group_is_scored_once_all_its_samples_have_run():
+    """Admission by trajectory (Turns.admit): a group of 3 whose samples start at different engine steps is scored
+    once, when the last of them ends, its trajectories in sample order. Sample 0 runs alone and ends: nothing is
+    scored; samples 1 and 2 are admitted later, end, and the group is scored with seeds 100, 101, 102."""
+    from types import SimpleNamespace
+
+    from rlcore.modes.stream.turns import Turns
+    from test_continuous import StepEngine
+    from test_turns import EOS, envs
+    rollout = SimpleNamespace(max_new_tokens=4, max_total_tokens=8, temperature=1.0, join_steps=2, group_size=3,
+                              schedule="lockstep", trajectory_timeout_s=0.0)
+    engine = StepEngine({40: [[5, 6, EOS]]})
+    run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout, data=SimpleNamespace(prompt_column="prompt")),
+                          rollout=SimpleNamespace(envs=envs(factory=None), tp_rank=0), engine=engine)
+    turns, scored = Turns(run), []
+    turns.scored = lambda trajs: scored.append([x.seed for x in trajs]) or {"trajs": trajs}
+    row = {"prompt_ids": [40, 10, 11]}
+    turns.admit(0, 0, row, 100)
+    run_to_end(turns, engine)
+    assert scored == [] and turns.done == {} and [x.done for x in turns.groups[0]] == [True]
+    turns.admit(0, 1, row, 100)
+    turns.tick += 1
+    turns.admit(0, 2, row, 100)
+    run_to_end(turns, engine)
+    assert scored == [[100, 101, 102]] and list(turns.done) == [0] and turns.groups == {}
+    assert [x.tokens for x in turns.done[0]["trajs"]] == [[5, 6, EOS]] * 3
+
+
 def test_admission_fills_each_freed_slot_with_the_next_trajectory():
     """Engine.admit on its own state: batches of 2 groups of 4 samples (sample j of group g is 4g + j), 6 slots,
     k=1, version 0 (batches 1-2 may start, batch 3 needs version 1). The first boundary starts samples 0-5: group 0
