@@ -17,7 +17,7 @@ as a new adapter version (new name and id; the previous one is removed), and eve
 prompt-logprobs call carries that adapter's LoRARequest. With lora.sync=merged the sync above streams
 W + (alpha/r) B A (rlcore/models/weights.py) into an engine without LoRA.
 
-Why one file of ~370 lines: it is the only module that calls vLLM's engine, so every such call (and what a vLLM upgrade
+Why one file of ~410 lines: it is the only module that calls vLLM's engine, so every such call (and what a vLLM upgrade
 must keep) is in one file.
 """
 from __future__ import annotations
