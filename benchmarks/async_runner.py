@@ -80,7 +80,8 @@ def run_once(workload: list[str], overrides: list[str], out_dir: Path, nproc: in
     metrics, arrivals, seen = out_dir / "bench" / "metrics.jsonl", [], 0
     while proc.poll() is None:  # each step's log line, stamped as it arrives
         if metrics.exists():
-            lines = metrics.read_text().splitlines()
+            text = metrics.read_text()
+            lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines: the run may be writing the next one
             for line in lines[seen:]:
                 if line.strip():
                     arrivals.append((json.loads(line), time.perf_counter()))
