@@ -61,10 +61,8 @@ class AgentTurns(Turns):
         self.warned = False
 
     def admit(self, g: int, j: int, row: dict, seed: int) -> None:
-        key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
-        self.groups.setdefault(g, []).append(x)
-        self.flying[key], self.started[key], self.calls[key] = x, time.perf_counter(), []
-        self.due[key] = self.tick + self.join_steps
+        key, x = self.start(g, j, row, seed)
+        self.calls[key], self.due[key] = [], self.tick + self.join_steps
         if self.lead:
             self.endpoint.temperature = self.temperature  # an eval in between pinned it to greedy
             self.sessions[key] = s = self.endpoint.open(self.index)

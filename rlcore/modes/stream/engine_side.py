@@ -78,16 +78,19 @@ class Engine:
         s = self.next_admit()
         return s if s is not None and len(self.turns.flying) < self.max_running else None
 
+    def recent_enough(self, s: int) -> bool:
+        """The engine holds the version trajectory s's batch needs (admission control: b - 1 - k or newer)."""
+        return self.batch_of(s // self.G) - 1 - self.k <= self.run.engine.version
+
     def may_start(self, s: int) -> bool:
-        """Whether trajectory s may start now: the engine holds the version its batch needs, and no drain holds
-        admission (a drain lets a started group's samples start, so that every admitted group ends)."""
-        return (self.batch_of(s // self.G) - 1 - self.k <= self.run.engine.version
-                and (s % self.G > 0 or not self.draining()))
+        """Whether trajectory s may start now: the engine is recent enough for it, and no drain holds admission (a
+        drain lets a started group's samples start, so that every admitted group ends)."""
+        return self.recent_enough(s) and (s % self.G > 0 or not self.draining())
 
     def blocked(self) -> bool:
         """Room for a trajectory, but the next one needs a newer version than the engine holds."""
         s = self.next_with_room()
-        return s is not None and self.batch_of(s // self.G) - 1 - self.k > self.run.engine.version
+        return s is not None and not self.recent_enough(s)
 
     def admissible(self) -> bool:
         """Admission would start a trajectory now: one is left, there is room for it and it may start."""

@@ -76,16 +76,21 @@ class Turns:
     # ---- admission, turns, answers ----
 
     def admit(self, g: int, j: int, row: dict, seed: int) -> None:
-        """Sample j of group g (its seed: the group's + j), in flight from now: its first turn, or its reset."""
-        key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
-        self.groups.setdefault(g, []).append(x)
-        self.flying[key], self.started[key] = x, time.perf_counter()
+        """Sample j of group g in flight from now: its first turn, or its reset."""
+        key, x = self.start(g, j, row, seed)
         if not self.multi:
             self.submit_turn(key, x)
         else:
             if self.runner is not None:
                 self.runner.submit(key, start, x, self.envs.factory)
             self.due[key] = self.tick + self.join_steps
+
+    def start(self, g: int, j: int, row: dict, seed: int) -> tuple[Key, Trajectory]:
+        """Sample j of group g (its seed: the group's + j) as a trajectory in flight, in its group."""
+        key, x = (g, j), Trajectory(row["prompt_ids"], row, seed + j, 0)
+        self.groups.setdefault(g, []).append(x)
+        self.flying[key], self.started[key] = x, time.perf_counter()
+        return key, x
 
     def submit_turn(self, key: Key, x: Trajectory) -> None:
         turn, self.caps[key] = len(x.turns), min(self.max_new, self.max_total - len(x.tokens))
