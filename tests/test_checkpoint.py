@@ -63,7 +63,7 @@ def test_kill_in_step_then_resume_is_exact_once(straight_ppo, tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
 
-    proc = train_cmd(*PPO_RUN, f"output_dir={tmp_path}", "resume=auto")
+    proc = train_warm(*PPO_RUN, f"output_dir={tmp_path}", "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"resume: continuing after step 2 from {run / 'checkpoints' / 'step_2'}" in proc.stdout + proc.stderr
     ours, theirs = read_metrics(run), read_metrics(straight)
@@ -244,7 +244,7 @@ def test_multi_turn_kill_then_resume_is_exact_once(tmp_path):
     proc = torchrun(WORKERS / "faults.py", *MULTI_TURN, f"output_dir={tmp_path}",
                     env={"KILL_RANK": "0", "KILL_AT_UPDATE": "3"})
     assert -9 in rank_exit_codes(proc), proc.stderr[-4000:]
-    proc = train_cmd(*MULTI_TURN, f"output_dir={tmp_path}", "resume=auto")
+    proc = train_warm(*MULTI_TURN, f"output_dir={tmp_path}", "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     run = tmp_path / "reinforce_pp_tiny"
     ours, theirs = read_metrics(run), read_metrics(straight)

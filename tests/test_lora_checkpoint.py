@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, WORKERS, train_cmd, train_warm
+from conftest import ROOT, WORKERS, train_warm
 from test_checkpoint import SMALL, python, read_metrics
 
 sys.path.insert(0, str(WORKERS))
@@ -37,7 +37,7 @@ def test_adapter_checkpoint_resumes_exactly_and_exports_score_like_the_trainer(t
     shutil.copytree(run, resumed)
     shutil.rmtree(resumed / "checkpoints" / "step_4")
     shutil.rmtree(resumed / "hf")
-    proc = train_cmd(*RUN, "train.steps=4", "resume=auto", f"output_dir={halves}")
+    proc = train_warm(*RUN, "train.steps=4", "resume=auto", f"output_dir={halves}")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 2" in proc.stdout + proc.stderr
 

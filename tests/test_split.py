@@ -40,7 +40,7 @@ def resumes_on(nproc: int, checkpoint: Path, before: list[dict], out: Path) -> N
     engine rank continues exactly and the trainers' batch in flight is resharded. Steps 5 (the checkpoint's batch)
     and 6 (sampled with the checkpoint's weights) log the same batch numbers as the run that saved it, and the
     trainers' own numbers up to the float sums' order over another count of ranks."""
-    proc = train_cmd(*LEARN, "rollout.ranks=1", *K1, f"resume={checkpoint}", f"output_dir={out}", nproc=nproc)
+    proc = train_warm(*LEARN, "rollout.ranks=1", *K1, f"resume={checkpoint}", f"output_dir={out}", nproc=nproc)
     assert proc.returncode == 0, proc.stderr[-4000:]
     trainers, before_trainers = nproc - 1, 4 - nproc  # 1 + 1 <-> 1 + 2
     assert (f"resume: saved with {before_trainers} trainer rank(s), running with {trainers}: models, optimizers and the "
@@ -208,7 +208,7 @@ def test_split_k1_learns_stays_within_k_and_resumes_exactly(tmp_path):
                     env={"KILL_RANK": "2", "KILL_AT_UPDATE": "3"})
     assert proc.returncode != 0 and -9 in rank_exit_codes(proc), proc.stderr[-4000:]
     assert [r["step"] for r in metrics(tmp_path / "demo")] == [0, 1, 2]
-    proc = train_cmd(*run, f"output_dir={tmp_path}", "resume=auto", nproc=3)
+    proc = train_warm(*run, f"output_dir={tmp_path}", "resume=auto", nproc=3)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 2" in proc.stdout
     assert metrics(tmp_path / "demo") == straight
@@ -225,7 +225,7 @@ def trains_on_after_its_end(run: tuple, out: Path) -> None:
     flight is none. Main crashed there: AttributeError: 'NoneType' object has no attribute 'versions'. (The same
     command again has nothing to do: the setup every mode shares stops it, tested colocated in
     test_checkpoint.py and streaming in test_stream.py.)"""
-    proc = train_cmd(*run, "train.steps=8", f"output_dir={out}", "resume=auto", nproc=2)
+    proc = train_warm(*run, "train.steps=8", f"output_dir={out}", "resume=auto", nproc=2)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: the checkpoint ended a run at step 6: batch 7 is sampled with version 6" in proc.stdout
     rows = metrics(out / "demo")

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
 from test_split import learned, metrics, split_config
 
 from rlcore.modes.stream.lag import LoadLag, step_cost, step_model
@@ -458,7 +458,7 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}",
                     env={"SLOW": "engine:0.05", "KILL_RANK": "1", "KILL_AT_STEP": "3"})
     assert proc.returncode != 0 and -9 in rank_exit_codes(proc), proc.stderr[-4000:]
-    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto")
+    proc = train_warm(*run, f"output_dir={tmp_path / 'b'}", "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 2" in proc.stdout
     assert metrics(tmp_path / "b" / "demo") == a
@@ -531,7 +531,7 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     straight, weights = metrics(tmp_path / "demo"), (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes()
 
     shutil.rmtree(tmp_path / "demo" / "checkpoints" / "step_6")
-    proc = torchrun(ROOT / "launch" / "train.py", *run, "resume=auto")
+    proc = train_warm(*run, "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 3" in proc.stdout
     assert f"rollout.load_lag_steps=auto: {lag:.3f} s of predicted engine time (" in proc.stdout
@@ -657,8 +657,7 @@ def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path)
         weights = f"hf/{step}/model.safetensors"
         assert (tmp_path / "b" / "tooladd" / weights).read_bytes() == (tmp_path / "a" / "tooladd" / weights).read_bytes()
 
-    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto",
-                    "rollout.schedule=continuous")
+    proc = train_warm(*run, f"output_dir={tmp_path / 'b'}", "resume=auto", "rollout.schedule=continuous")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 5" in proc.stdout
     b = metrics(tmp_path / "b" / "tooladd")
