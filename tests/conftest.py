@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -61,6 +62,8 @@ class RunServer:
         self.n = 0
 
     def start(self) -> None:
+        if self.folder is not None:  # the job before, ended by a failed run that its test has reported
+            shutil.rmtree(self.folder, ignore_errors=True)
         self.folder = Path(tempfile.mkdtemp(prefix="rlcore-runs-"))
         self.n = 0
         inherited = {k: v for k, v in os.environ.items() if k not in IMPORT_SET}
@@ -115,6 +118,8 @@ class RunServer:
                 self.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self.folder is not None:  # what a failed run printed is in its test's report already
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _runs: dict[int, RunServer] = {}
@@ -161,17 +166,19 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
 WARM_STARTS = ("from rlcore.tasks import calculator, guess, tiny, tooladd; tooladd.prepare(); tiny.prepare(); "
                "tiny.prepare_teacher(); calculator.prepare(); guess.prepare(); tooladd.prepare_columns()")
 _builder: subprocess.Popen | None = None
+_builder_log: Path | None = None
 
 
 def pytest_collection_modifyitems(session, config, items):
     """The unit tier first, then the slow tier (each in file order). With slow tests to come, one process builds
     the warm starts meanwhile, on the core the single-threaded unit tier leaves idle: otherwise each build runs
     inside the first run that needs it, on its rank 0, while the other rank waits."""
-    global _builder
+    global _builder, _builder_log
     slow = [item for item in items if item.get_closest_marker("slow")]
     items[:] = [item for item in items if not item.get_closest_marker("slow")] + slow
     if slow and _builder is None:
         log = tempfile.NamedTemporaryFile("w", prefix="rlcore-warm-starts-", suffix=".log", delete=False)
+        _builder_log = Path(log.name)
         _builder = subprocess.Popen([sys.executable, "-c", WARM_STARTS], cwd=ROOT, stdout=log, stderr=log,
                                     env=os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
 
@@ -182,6 +189,8 @@ def pytest_sessionfinish(session, exitstatus):
     if _builder is not None and _builder.poll() is None:  # a run stopped early: the cache stays unbuilt, not half-built
         _builder.terminate()
         _builder.wait(timeout=60)
+    if _builder is not None and _builder.returncode == 0:  # a failed build's log stays for whoever looks
+        _builder_log.unlink(missing_ok=True)
 
 
 class EntryServer:
