@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
         # watchdog still runs: a rank that never arrives (a side still waiting in an exchange) is named, not waited on.
         with watchdog.stage("leaving together", waits=True):
             dist.barrier()
-        from rlcore.engine.rollout_engine import leave_process_groups
+        from rlcore.engine.support import leave_process_groups
         leave_process_groups()
     watchdog.stop()
     status = os.environ.get("RLCORE_EXIT_CODE_FILE")

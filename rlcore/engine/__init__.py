@@ -1,4 +1,5 @@
-"""The vLLM engine each rollout group runs, and the weight sync into it (rollout_engine.py: the only vLLM import)."""
+"""The vLLM engine each rollout group runs and the weight sync into it (rollout_engine.py).
+This folder alone imports vLLM."""
 from rlcore.engine.rollout_engine import RolloutEngine, Sample, SyncStats
 
 __all__ = ["RolloutEngine", "Sample", "SyncStats"]

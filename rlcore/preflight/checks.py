@@ -29,7 +29,7 @@ from rlcore.data import load_table, load_tokenizer, tokenize_prompts
 from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import first_error
 from rlcore.distributed.parallel import ParallelDims
-from rlcore.engine.rollout_engine import check_architecture
+from rlcore.engine.support import check_architecture
 from rlcore.models import lora, build as models
 from rlcore.outputs import checkpoint
 from rlcore.preflight import plan

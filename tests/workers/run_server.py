@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "launch"))
 import train as entry  # noqa: E402  (launch/train.py)
 
-from rlcore.engine.rollout_engine import leave_process_groups  # noqa: E402
+from rlcore.engine.support import leave_process_groups  # noqa: E402
 from warm import exit_code, isolated  # noqa: E402  (tests/workers/warm.py)
 
 def wait_for(path: Path) -> dict:
