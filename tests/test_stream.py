@@ -590,7 +590,7 @@ def test_stream_learns_on_a_tp2_engine_and_two_fsdp_trainers_at_k2_with_free_loa
     assert len(re.findall(r"stream_worker: SIGTERM with [1-9]\d* requests in flight", proc.stderr)) == 1
     step = int(re.search(r"rlcore: stopped: SIGTERM after step (\d+); checkpoint", proc.stdout + proc.stderr)[1])
     assert 3 <= step < 6 and (tmp_path / "demo" / "checkpoints" / f"step_{step}" / "COMPLETE.json").exists()
-    proc = torchrun(ROOT / "launch" / "train.py", *run, "resume=auto", nproc=4)
+    proc = train_warm(*run, "resume=auto", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"resume: continuing after step {step}" in proc.stdout
     rows = metrics(tmp_path / "demo")
@@ -607,9 +607,9 @@ def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
     ranks of one engine must load at the same step, or their collectives part). One line gives it; every later
     load is logged with it, at it or earlier with nothing in flight; the run learns (+30 points) with each
     in-flight load within the probe's bound."""
-    proc = torchrun(ROOT / "launch" / "train.py", "recipe=demo", "rollout.ranks=2", "rollout.tensor_parallel=2",
-                    "rollout.stream=true", "rollout.max_staleness=2", "algorithm.tis_cap=2", "train.steps=5",
-                    "train.eval_every=5", f"output_dir={tmp_path}", nproc=4)
+    proc = train_warm("recipe=demo", "rollout.ranks=2", "rollout.tensor_parallel=2", "rollout.stream=true",
+                      "rollout.max_staleness=2", "algorithm.tis_cap=2", "train.steps=5", "train.eval_every=5",
+                      f"output_dir={tmp_path}", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
     lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256, tokens=8192)  # the demo's 32 prompts x 8
