@@ -107,10 +107,9 @@ class RolloutEngine:
             self.adapter_root = Path(tempfile.mkdtemp(prefix=f"rlcore-lora-rank{dist.get_rank()}-"))
             atexit.register(shutil.rmtree, self.adapter_root, ignore_errors=True)  # the last version's folder
         # vLLM collects the whole heap five times while it builds an engine (twice in its model loader, three times
-        # in freeze_gc_heap, which then freezes it), and CUDA's wake-ups collect once a step
-        # (device.release_cached_memory). After torch, transformers and vLLM are imported the heap holds ~680k
-        # objects and each collection costs ~0.45 s on CPU. Everything alive now lives for the run: frozen first,
-        # those collections scan only what came after it.
+        # in freeze_gc_heap, which freezes it at the end). After torch, transformers and vLLM are imported it holds
+        # ~680k objects, ~0.45 s a collection on CPU. Everything alive now lives for the run: frozen first (vLLM's
+        # own freeze, called earlier), those collections scan only what came after (benchmarks/launch.py).
         freeze_gc_heap()
         self.llm = LLM(
             model=cfg.model.path,
