@@ -41,13 +41,14 @@ def main() -> None:
     args = ap.parse_args()
     trees = [ROOT, *[p.resolve() for p in args.other]]
     names = [f"{t} ({git_head(t)})" for t in trees]
-    launch(ROOT, Path(tempfile.mkdtemp()))  # builds the demo's warm start into the cache, if it is not there yet
     times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(args.rounds):
-        order = list(zip(trees, names))
-        for tree, name in order if r % 2 == 0 else order[::-1]:
-            times[name].append(launch(tree, Path(tempfile.mkdtemp())))
-            print(f"round {r}: {name} {times[name][-1]:.2f} s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="rlcore-launch-") as out:  # the runs' folders, removed at the end
+        launch(ROOT, Path(out) / "warm")  # builds the demo's warm start into the cache, if it is not there yet
+        for r in range(args.rounds):
+            order = list(enumerate(zip(trees, names)))
+            for i, (tree, name) in order if r % 2 == 0 else order[::-1]:
+                times[name].append(launch(tree, Path(out) / f"{r}-{i}"))
+                print(f"round {r}: {name} {times[name][-1]:.2f} s", flush=True)
     base = median(times[names[0]])
     lines = ["| checkout | median s | vs this checkout | each round (s) |", "|---|---:|---:|---|"]
     lines += [f"| {n} | {median(t):.2f} | x{median(t) / base:.3f} | {', '.join(f'{x:.2f}' for x in t)} |"
