@@ -58,6 +58,12 @@ CONTENDERS = {
     # ... with a fixed lag of 180 engine steps: 1.25 x the trainers' step at this workload's mean engine step
     "stream k=2 r16 j1 L180": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                                "rollout.join_steps=1", "rollout.load_lag_steps=180"],
+    # ... with auto's lag 1.1 x the trainers' measured step instead of 1.25 (rollout.load_lag_margin), and with free
+    # loads: where the trainers bind, a deterministic step lasts the lag
+    "stream k=2 r16 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                            "rollout.load_lag_margin=1.1"],
+    "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                            "rollout.free_loads=true"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],

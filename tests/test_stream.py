@@ -48,6 +48,13 @@ STREAM = ("recipe=demo", "rollout.ranks=1", "rollout.stream=true", "rollout.max_
      "rollout.load_lag_steps=769 can never be reached: after a hand-over an engine has at most 768 engine steps of "
      "work it may run (1 batch(es) ahead (max_staleness) x 32 prompt groups x 24 steps per trajectory), then loads; "
      "valid: 0 to 768, or auto"),
+    (["rollout.load_lag_margin=0.9"], "rollout.load_lag_margin must be a finite number >= 1 (auto's lag over the "
+                                      "trainers' measured step) (got 0.9)"),
+    (["rollout.load_lag_margin=1.1", "rollout.free_loads=true"], "rollout.load_lag_margin=1.1 sizes the lag "
+     "rollout.load_lag_steps=auto measures; this run loads each version on arrival (rollout.free_loads=true): leave "
+     "load_lag_margin at 1.25"),
+    (["rollout.load_lag_margin=1.1", "rollout.load_lag_steps=40"], "rollout.load_lag_margin=1.1 sizes the lag "
+     "rollout.load_lag_steps=auto measures; this run has load_lag_steps=40: leave load_lag_margin at 1.25"),
     (["rollout.load_lag_steps=4", "rollout.free_loads=true"],
      "rollout.load_lag_steps=4 places the deterministic load point, and rollout.free_loads=true loads each version "
      "on arrival instead; valid there: load_lag_steps=auto (or free_loads=false)"),
@@ -212,17 +219,19 @@ def test_auto_lag_step_model_by_hand():
         [8_000_000, 10_000_000, 3_000_000, 6_000_000, 1_500_000]
 
 
-def test_auto_lag_loads_where_the_model_says(one_rank):
+def test_auto_lag_loads_where_the_model_says(one_rank, capsys):
     """LoadLag by hand. A fixed lag of 3: due after the third step, whatever the steps run; a jump of 3 ticks to a
     join with nothing to decode counts 3. auto: versions 1-2 measure (nothing due), then at load 2 with the
     trainers' step 0.8 s (the first, 5 s, warmed up: left out) it fixes 1.25 x 0.8 = 1 s of predicted engine time
     at 2 ms + 0.5 ms a sequence and 30 us a prefilled token: after a hand-over, a step of 8 sequences that computes
     100 tokens more spends 9 ms, then steps of 8 sequences 6 ms each, so the 166th of those is the first to reach
     it (9 + 165 x 6 = 999 ms); a jump to a join spends nothing. A run resumed before any step (a checkpoint of
-    step 1) does not fix a lag at load 2 from nothing: it measures on. Saved and restored, the lag is the same; a
-    checkpoint's old lag in steps reads as steps, and one in microseconds without the prefill term as it was."""
+    step 1) does not fix a lag at load 2 from nothing: it measures on. rollout.load_lag_margin=1.5 makes the same
+    trainers' step 1.2 s. Saved and restored, the lag is the same, under another margin too (with a line that says
+    so); a checkpoint's old lag in steps reads as steps, and one in microseconds without the prefill term as it
+    was."""
     from types import SimpleNamespace as NS
-    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False, load_lag_margin=1.25), ranks=1)
     fixed.handed(10)
     for ticks, running in ((1, 8), (1, 64)):
         fixed.stepped(ticks, running, running, 0.5)
@@ -235,14 +244,14 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     fixed.stepped(3, 0)
     assert fixed.due()
 
-    resumed = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    resumed = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     resumed.loaded(2, 0.8)
     assert not resumed.fixed and resumed.metrics(*resumed.at_load(0))["stream/lag_spent_s"] == -1
     resumed.stepped(1, 8, 8, 6e-3)
     resumed.loaded(3, 0.8)
     assert resumed.cost == (6_000_000, 0, 0, 8, 8, 10**9)
 
-    auto = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    auto = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     for n in (4, 8, 16):
         for _ in range(3):
             auto.stepped(1, n, n, (2 + 0.5 * n) / 1e3)
@@ -262,14 +271,25 @@ def test_auto_lag_loads_where_the_model_says(one_rank):
     auto.stepped(4, 0)
     assert auto.spent == 0
 
-    again = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    wide = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.5), ranks=1)
+    wide.stepped(1, 8, 8, 6e-3)
+    wide.loaded(2, 0.8)
+    # ceil(1.5 x 0.8 x 1e9): the product's rounding (~1e-16 relative) may lift the ceiling one nanosecond
+    assert wide.cost[:5] == (6_000_000, 0, 0, 8, 8) and 1_200_000_000 <= wide.cost[5] <= 1_200_000_001
+
+    again = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     again.restore(auto.state())
     assert again.cost == auto.cost and not again.in_steps
-    old = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    capsys.readouterr()
+    other = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.5), ranks=1)
+    other.restore(auto.state())
+    assert other.cost == auto.cost and "checkpoint; with load_lag_margin=1.25, not this run's 1.5 (a resume loads " \
+        "at the straight run's steps)" in capsys.readouterr().out
+    old = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     old.restore(43)
     assert old.cost == (1, 0, 0, 0, 0, 43) and old.in_steps and old.metrics(43, 43)["stream/lag_steps"] == 43
     # saved before the prefill term: (base, per_seq, budget) in microseconds, every count on the line
-    older = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    older = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     older.restore({"cost": (2000, 500, 1_000_000), "in_steps": False})
     assert older.cost == (2_000_000, 500_000, 0, 0, 2**62, 10**9) and step_cost(older.cost, 64, 100) == 34_000_000
     assert older.ref == 0 and older.budget() == 10**9  # and before the tokens: the budget does not scale
@@ -281,7 +301,7 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
     of 1500 tokens gets 1.5 s, reached by the 250th step (250 x 6 ms); batch 4 of 500 tokens keeps 1 s (167 steps).
     The fixed lag in steps does not scale. A checkpoint keeps the tokens it was measured on and the batch's."""
     from types import SimpleNamespace as NS
-    lag = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    lag = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     lag.stepped(1, 8, 8, 6e-3)
     lag.handed(0, 1000)
     lag.loaded(2, 0.8)
@@ -293,10 +313,10 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
         assert not lag.due()
         lag.stepped(1, 8, 8, 0.001)
         assert lag.due() and lag.metrics(*lag.at_load(steps))["stream/lag_s"] == max(tokens, 1000) / 1000
-    again = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1)
+    again = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1)
     again.restore(lag.state())
     assert (again.cost, again.ref, again.tokens, again.budget()) == (lag.cost, 1000, 3001, 3_001_000_000)
-    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    fixed = LoadLag(NS(load_lag_steps=3, free_loads=False, load_lag_margin=1.25), ranks=1)
     fixed.handed(0, 5000)
     assert fixed.budget() == 3
 
@@ -312,7 +332,7 @@ def test_a_load_lets_admission_start_what_it_may_first():
 
     from rlcore.modes.stream.engine_side import Engine
     engine = Engine.__new__(Engine)
-    lag = LoadLag(NS(load_lag_steps=3, free_loads=False), ranks=1)
+    lag = LoadLag(NS(load_lag_steps=3, free_loads=False, load_lag_margin=1.25), ranks=1)
     lag.handed(0)
     rollout = NS(free_loads=False)
     engine.__dict__.update(
@@ -325,7 +345,7 @@ def test_a_load_lets_admission_start_what_it_may_first():
     engine.run.engine.version, engine.next_sample = 4, 72
     assert not engine.admissible() and engine.load_due()
 
-    engine.lag, engine.next_sample = LoadLag(NS(load_lag_steps="auto", free_loads=False), ranks=1), 48
+    engine.lag, engine.next_sample = LoadLag(NS(load_lag_steps="auto", free_loads=False, load_lag_margin=1.25), ranks=1), 48
     assert not engine.load_due()
     engine.turns.done = {10: None, 11: None}  # batch 6, complete
     assert engine.load_due()

@@ -11,9 +11,12 @@ below lo a share n / lo of decode(lo). On a GPU a decode step costs about the sa
 (per_seq ~0); on a CPU it grows with them, and a count of steps measured at one occupancy is too long or too short
 at another.
 
-The budget is MARGIN x the trainers' step: the version loads when the steps since the hand-over are predicted to
-have taken that long. A trainers' step grows with its batch's tokens, and they rise as a policy learns to answer at
-length (benchmarks/async_rl.py's single-turn workload: 2512 -> 5384 tokens and 0.88 -> 1.93 s between steps 3 and
+The budget is the margin (rollout.load_lag_margin, 1.25) x the trainers' step: the version loads when the steps
+since the hand-over are predicted to have taken that long. The margin is what deterministic loads cost where the
+trainers bind: a hand-over follows the previous version's load, so a step lasts at least the lag.
+
+A trainers' step grows with its batch's tokens, and they rise as a policy learns to answer at length
+(benchmarks/async_rl.py's single-turn workload: 2512 -> 5384 tokens and 0.88 -> 1.93 s between steps 3 and
 8, 0.35-0.37 ms a token), so version v's budget is the measured one x the tokens of batch v over those of the
 batch it was measured on, and never less (a smaller batch's step keeps its fixed costs). The tokens are the
 batch's own, prompts and responses of every engine's share: data, not timing.
@@ -37,7 +40,6 @@ import torch.distributed as dist
 from rlcore.distributed.collectives import all_max, all_min
 
 CALIBRATE = 2  # rollout.load_lag_steps=auto: versions 1..CALIBRATE load at the earliest point while it measures
-MARGIN = 1.25  # ... and the lag it fixes covers the trainers' step x MARGIN (a longer batch, a slower step)
 NS = 1e9  # auto's budget is in nanoseconds of predicted engine time
 MEASURED = 10  # the counts of running sequences auto's decode line holds for: those it measured this many steps of
 
@@ -49,6 +51,7 @@ class LoadLag:
 
     def __init__(self, rollout, ranks: int):
         self.ranks = ranks  # the rollout ranks (tensor parallelism: an engine's ranks must agree on the lag)
+        self.margin = rollout.load_lag_margin  # auto: the budget over the trainers' slowest measured step
         self.auto = rollout.load_lag_steps == "auto"
         self.measuring = self.auto and not rollout.free_loads
         self.cost = None if self.auto else (1, 0, 0, 0, 0, rollout.load_lag_steps)
@@ -105,14 +108,14 @@ class LoadLag:
 
     def fix(self, v: int) -> None:
         """rollout.load_lag_steps=auto, at load CALIBRATE: the step model fitted to the steps measured so far
-        (`step_model`), the budget MARGIN x the trainers' slowest step so far but the first (from taking a batch to
+        (`step_model`), the budget the margin x the trainers' slowest step so far but the first (from taking a batch to
         having its version ready), and ref, the tokens of the batch that step trained. Over the rollout ranks (an
         engine's ranks must agree) the smallest costs, the narrowest range of counts, the largest budget and the
         smallest ref: the longest lag any of them measured. Fixed for the rest of the run and saved in its
         checkpoints (a resume loads at the same steps)."""
         base, per_seq, per_token, lo, hi = step_model(self.samples)
         cost = [max(round(base * NS), 1), round(per_seq * NS), round(per_token * NS), lo, hi,
-                math.ceil(MARGIN * self.ready_s * NS)]
+                math.ceil(self.margin * self.ready_s * NS)]
         ref = self.ready_tokens
         if self.ranks > 1:
             cost = [int(all_min(c)) for c in cost[:3]] + [int(all_max(lo)), int(all_min(hi)), int(all_max(cost[5]))]
@@ -121,9 +124,9 @@ class LoadLag:
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
                   f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
-                  f"{self.ready_s:.3f} s x {MARGIN}; {self.describe_step()}, fitted to versions 1-{v}'s steps), x a "
-                  f"batch's tokens / {ref} where it has more, or earlier with nothing in flight or to start; "
-                  f"stream/load_lag logs the engine steps each load came after", flush=True)
+                  f"{self.ready_s:.3f} s x {self.margin}; {self.describe_step()}, fitted to versions 1-{v}'s "
+                  f"steps), x a batch's tokens / {ref} where it has more, or earlier with nothing in flight or to "
+                  f"start; stream/load_lag logs the engine steps each load came after", flush=True)
 
     def at_load(self, tick: int) -> tuple[int, int | None]:
         """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
@@ -142,7 +145,7 @@ class LoadLag:
 
     def state(self) -> dict | None:
         return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps, "ref": self.ref,
-                                               "tokens": self.tokens}
+                                               "tokens": self.tokens, "margin": self.margin}
 
     def restore(self, state) -> None:
         if self.cost is None and state is not None:  # auto: the lag this run fixed before the checkpoint
@@ -154,9 +157,11 @@ class LoadLag:
                     (cost[0] * 1000, cost[1] * 1000, 0, 0, 2**62, cost[2] * 1000)
             self.cost, self.in_steps = cost, state["in_steps"]
             self.ref, self.tokens = state.get("ref", 0), state.get("tokens", 0)  # saved before the scaling: 0
+            margin = state.get("margin", 1.25)  # saved before the margin was a setting: 1.25
+            other = f"; with load_lag_margin={margin}, not this run's {self.margin}" if margin != self.margin else ""
             if dist.get_rank() == 0:
                 print(f"rlcore: rollout.load_lag_steps=auto: {self.describe()}, as the run fixed it before its "
-                      f"checkpoint", flush=True)
+                      f"checkpoint{other} (a resume loads at the straight run's steps)", flush=True)
 
     def describe(self) -> str:
         if self.in_steps:
