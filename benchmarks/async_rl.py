@@ -173,7 +173,8 @@ def main() -> None:
     parser.add_argument("--occupancy", type=float, default=1.0,
                         help="on paper: streaming engines' occupancy where the latency chain does not bound it")
     parser.add_argument("--lag", type=float, default=1.25,
-                        help="on paper: the load lag in trainer steps (auto: its margin, 1.25)")
+                        help="on paper: the load lag in trainer steps (auto: rollout.load_lag_margin, "
+                             "1.25; free loads: 1)")
     parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
                         help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
     args = parser.parse_args()

@@ -624,15 +624,18 @@ def test_stream_learns_on_a_tp2_engine_and_two_fsdp_trainers_at_k2_with_free_loa
 def test_stream_auto_lag_is_one_value_on_every_rank_of_a_tp2_engine(tmp_path):
     """rollout.load_lag_steps=auto with a tensor-parallel engine (2 ranks) and 2 FSDP trainers, k=2: each engine
     rank measures its own step times, and the lag it fixes at load 2 is the longest over the rollout ranks (the
-    ranks of one engine must load at the same step, or their collectives part). One line gives it; every later
-    load is logged with it, at it or earlier with nothing in flight; the run learns (+30 points) with each
-    in-flight load within the probe's bound."""
+    ranks of one engine must load at the same step, or their collectives part), rollout.load_lag_margin=1.5 x the
+    trainers' step (both printed to the ms: within 1.5 x 0.5 ms + 0.5 ms). One line gives it; every later load is
+    logged with it, at it or earlier with nothing in flight; the run learns (+30 points) with each in-flight load
+    within the probe's bound."""
     proc = train_warm("recipe=demo", "rollout.ranks=2", "rollout.tensor_parallel=2", "rollout.stream=true",
                       "rollout.max_staleness=2", "algorithm.tis_cap=2", "train.steps=5", "train.eval_every=5",
-                      f"output_dir={tmp_path}", nproc=4)
+                      "rollout.load_lag_margin=1.5", f"output_dir={tmp_path}", nproc=4)
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(tmp_path / "demo")
     lag, step_s = auto_lag(proc.stdout, rows[1:], max_running=256, tokens=8192)  # the demo's 32 prompts x 8
+    trainers = float(re.search(r"\(the trainers' step ([\d.]+) s x 1\.5;", proc.stdout)[1])
+    assert abs(lag - 1.5 * trainers) <= 1.5 * 5e-4 + 5e-4 + 1e-9
     assert rows[1]["stream/lag_s"] == -1 and all(r["stream/lag_s"] >= lag for r in rows[2:])
     # at the lag, or earlier with nothing in flight
     assert all(r["stream/lag_spent_s"] < r["stream/lag_s"] + step_s for r in rows[3:])

@@ -106,9 +106,10 @@ class RolloutConfig:
     # running sequences and the prefill tokens it computes) and saved in its checkpoints. A number makes two runs
     # identical.
     load_lag_steps: int | Literal["auto"] = "auto"
-    # streaming, load_lag_steps=auto: the lag it fixes over the trainers' measured step. Trainer-bound, a step lasts
-    # this x the trainers' step (the price of deterministic loads); below the trainers' step-to-step spread the
-    # engine freezes. 1.25 covers this CPU's 1.9-3.3 s steps; a GPU's steadier steps allow less.
+    # streaming, load_lag_steps=auto: the lag it fixes over the trainers' measured step. Longer: where a batch's
+    # engine work outlasts the trainers' step but not the lag, the engine runs out of admissible work before the
+    # load and drains (stream/occupancy). Shorter than the trainers' step-to-step spread: the engine freezes
+    # (throughput/frozen_share). 1.25 covers this CPU's 1.9-3.3 s steps; a GPU's steadier steps allow less.
     load_lag_margin: float = 1.25
 
 

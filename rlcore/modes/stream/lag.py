@@ -12,8 +12,9 @@ below lo a share n / lo of decode(lo). On a GPU a decode step costs about the sa
 at another.
 
 The budget is the margin (rollout.load_lag_margin, 1.25) x the trainers' step: the version loads when the steps
-since the hand-over are predicted to have taken that long. The margin is what deterministic loads cost where the
-trainers bind: a hand-over follows the previous version's load, so a step lasts at least the lag.
+since the hand-over are predicted to have taken that long. A margin too small freezes the engine whenever a
+trainers' step runs long; a larger one costs where a batch's engine work outlasts the trainers' step but not the
+lag: the next hand-over follows this load, and the engine, out of admissible work before it, drains.
 
 A trainers' step grows with its batch's tokens, and they rise as a policy learns to answer at length
 (benchmarks/async_rl.py's single-turn workload: 2512 -> 5384 tokens and 0.88 -> 1.93 s between steps 3 and
