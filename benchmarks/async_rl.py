@@ -63,6 +63,8 @@ CONTENDERS = {
     "stream k=2 r16 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.load_lag_margin=1.1"],
     "stream k=2 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.load_lag_margin=1.1"],
+    "stream k=2 r16 m1.05": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                             "rollout.load_lag_margin=1.05"],
     "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.free_loads=true"],
     # Each version loads the moment the trainers have it (not reproducible).
