@@ -58,15 +58,17 @@ CONTENDERS = {
     # ... with a fixed lag of 180 engine steps: 1.25 x the trainers' step at this workload's mean engine step
     "stream k=2 r16 j1 L180": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                                "rollout.join_steps=1", "rollout.load_lag_steps=180"],
-    # ... with auto's lag 1.1 x the trainers' measured step instead of 1.25 (rollout.load_lag_margin), and with free
-    # loads: where the trainers bind, a deterministic step lasts the lag
+    # ... with auto's lag 1.1 or 1.05 x the trainers' measured step instead of 1.25 (rollout.load_lag_margin), and
+    # with free loads: where a batch's engine work outlasts the trainers' step but not the lag, a longer lag drains
+    # the engine before each load
     "stream k=2 r16 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.load_lag_margin=1.1"],
-    "stream k=2 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.load_lag_margin=1.1"],
     "stream k=2 r16 m1.05": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                              "rollout.load_lag_margin=1.05"],
     "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.free_loads=true"],
+    # One batch in flight with the shorter lag: each step of lag lengthens the latency chain
+    "stream k=2 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.load_lag_margin=1.1"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],

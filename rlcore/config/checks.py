@@ -81,11 +81,12 @@ def check_stream(cfg: Config, dims) -> None:
         raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
     if r.load_lag_steps != "auto":
         check_lag(cfg, dims)
-    if r.load_lag_margin != type(r).load_lag_margin and (r.free_loads or r.load_lag_steps != "auto"):
+    default = type(r).load_lag_margin
+    if r.load_lag_margin != default and (r.free_loads or r.load_lag_steps != "auto"):
+        other = "loads each version on arrival (rollout.free_loads=true)" if r.free_loads else \
+            f"has load_lag_steps={r.load_lag_steps}"
         raise ValueError(f"rollout.load_lag_margin={r.load_lag_margin} sizes the lag rollout.load_lag_steps=auto "
-                         f"measures; this run " + ("loads each version on arrival (rollout.free_loads=true)"
-                                                   if r.free_loads else f"has load_lag_steps={r.load_lag_steps}")
-                         + f": leave load_lag_margin at {type(r).load_lag_margin}")
+                         f"measures; this run {other}: leave load_lag_margin at {default}")
 
 
 def check_lag(cfg: Config, dims) -> None:
