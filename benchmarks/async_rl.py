@@ -65,10 +65,23 @@ CONTENDERS = {
                             "rollout.load_lag_margin=1.1"],
     "stream k=2 r16 m1.05": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                              "rollout.load_lag_margin=1.05"],
+    # ... without the shorter lag once admission or the next hand-over waits for the version
+    # (rollout.load_lag_margin_blocked at the margin: the rule before it was a setting), or with it at 1.05 or 1.0
+    "stream k=2 r16 b1.25": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                             "rollout.load_lag_margin_blocked=1.25"],
+    "stream k=2 r16 b1.05": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                             "rollout.load_lag_margin_blocked=1.05"],
+    "stream k=2 r16 b1.0": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                            "rollout.load_lag_margin_blocked=1.0"],
     "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.free_loads=true"],
-    # One batch in flight with the shorter lag: each step of lag lengthens the latency chain
+    # One batch in flight with the shorter lag: each step of lag lengthens the latency chain; and without the
+    # blocked margin
     "stream k=2 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.load_lag_margin=1.1"],
+    "stream k=1 b1.25": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1",
+                         "rollout.load_lag_margin_blocked=1.25"],
+    "stream k=2 b1.25": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2",
+                         "rollout.load_lag_margin_blocked=1.25"],
     # Each version loads the moment the trainers have it (not reproducible).
     "stream k=1 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=1", "rollout.free_loads=true"],
     "stream k=2 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.free_loads=true"],

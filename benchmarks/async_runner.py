@@ -19,7 +19,8 @@ line may be stamped at exit). Per kept step, from rank 0's metrics:
   frozen            streaming: throughput/frozen_share, the engine's wall time waiting for weights with requests
                     in flight (over all kept steps, wall-weighted); with the load lag (stream/lag_steps, or auto's
                     stream/lag_s), the engine steps a load came after its hand-over (stream/load_lag) and the
-                    prefill tokens a load recomputes (stream/recomputed_tokens), medians
+                    prefill tokens a load recomputes (stream/recomputed_tokens), medians; and how many loads came
+                    under requests in flight before auto's lag, at its blocked margin (stream/load_blocked)
 Medians over the kept steps of all rounds.
 """
 from __future__ import annotations
@@ -129,7 +130,10 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
                     "wait_of_train": m.get("time/weights_wait_s", float("nan")) / train,
                     "frozen": m.get("throughput/frozen_share", 0.0), "lag": m.get("stream/lag_steps", -1),
                     "lag_s": m.get("stream/lag_s", -1), "load_lag": m.get("stream/load_lag", -1),
-                    "recomputed": m.get("stream/recomputed_tokens", 0)})
+                    "recomputed": m.get("stream/recomputed_tokens", 0),
+                    # a load under requests in flight before the lag, at the blocked margin's (something waited for it)
+                    "early": int(m.get("stream/load_blocked", 0) and m.get("stream/recomputed_tokens", 0) > 0
+                                 and 0 <= m.get("stream/lag_spent_s", -1) < m.get("stream/lag_s", -1))})
     med = {k: median(p[k] for p in per) for k in per[0]}
     # A streaming pipeline's steps take turns being short and long, so samples/s is each run's sequences over its
     # measured wall time (the median over runs), and the step wall that run's mean.
@@ -155,6 +159,7 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
         med["engine_steps"] = sum(p["engine_steps"] for p in per) / len(per)
     med["wall"] = median(sum(m["wall_s"] for m in r) / len(r) for r in runs)
     med["dropped"] = sum(p["dropped"] for p in per)
+    med["early"] = sum(p["early"] for p in per)
     med["n"] = len(per)
     return med
 
@@ -224,7 +229,8 @@ def steady(contender: str, rows: list[dict]) -> str:
 def lag(m: dict) -> str:
     """The load point of a streaming contender, as its medians say it."""
     if m["lag_s"] > 0:
-        return f"auto's lag {m['lag_s']:.2f} s of predicted engine time, loads {m['load_lag']:.0f} engine steps after"
+        return (f"auto's lag {m['lag_s']:.2f} s of predicted engine time, loads {m['load_lag']:.0f} engine steps after "
+                f"({m['early']:.0f} of {m['n']} under requests in flight before it, at the blocked margin)")
     if m["lag"] >= 0:
         return f"load lag {m['lag']:.0f} engine steps"
     return "loads on arrival (free) or at the earliest point (auto measuring)"

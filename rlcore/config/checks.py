@@ -81,12 +81,17 @@ def check_stream(cfg: Config, dims) -> None:
         raise ValueError("rollout.stream=true trains fixed groups in a fixed order: set algorithm.dynamic_sampling=0")
     if r.load_lag_steps != "auto":
         check_lag(cfg, dims)
-    default = type(r).load_lag_margin
-    if r.load_lag_margin != default and (r.free_loads or r.load_lag_steps != "auto"):
-        other = "loads each version on arrival (rollout.free_loads=true)" if r.free_loads else \
-            f"has load_lag_steps={r.load_lag_steps}"
-        raise ValueError(f"rollout.load_lag_margin={r.load_lag_margin} sizes the lag rollout.load_lag_steps=auto "
-                         f"measures; this run {other}: leave load_lag_margin at {default}")
+    for name in ("load_lag_margin", "load_lag_margin_blocked"):
+        value, default = getattr(r, name), getattr(type(r), name)
+        if value != default and (r.free_loads or r.load_lag_steps != "auto"):
+            other = "loads each version on arrival (rollout.free_loads=true)" if r.free_loads else \
+                f"has load_lag_steps={r.load_lag_steps}"
+            raise ValueError(f"rollout.{name}={value} sizes the lag rollout.load_lag_steps=auto measures; this run "
+                             f"{other}: leave {name} at {default}")
+    if r.load_lag_margin_blocked > r.load_lag_margin:
+        raise ValueError(f"rollout.load_lag_margin_blocked={r.load_lag_margin_blocked} is above rollout."
+                         f"load_lag_margin={r.load_lag_margin}: the lag once something waits for the version is at "
+                         f"most the lag (set it between 1 and {r.load_lag_margin})")
 
 
 def check_lag(cfg: Config, dims) -> None:

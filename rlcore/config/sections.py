@@ -111,6 +111,10 @@ class RolloutConfig:
     # load and drains (stream/occupancy). Shorter than the trainers' step-to-step spread: the engine freezes
     # (throughput/frozen_share). 1.25 covers this CPU's 1.9-3.3 s steps; a GPU's steadier steps allow less.
     load_lag_margin: float = 1.25
+    # streaming, load_lag_steps=auto: the same, once admission (a free slot whose next trajectory needs the version)
+    # or the next hand-over (its batch complete) waits for the version: the engine would run emptier, or the
+    # trainers idle, through the margin's room. Between 1 and load_lag_margin (which turns it off).
+    load_lag_margin_blocked: float = 1.1
 
 
 @dataclass

@@ -60,6 +60,8 @@ VALID = {
                                "a whole number of engine steps >= 0, or auto"),
     "rollout.load_lag_margin": (lambda v: 1 <= v < math.inf, "a finite number >= 1 (auto's lag over the trainers' "
                                 "measured step)"),
+    "rollout.load_lag_margin_blocked": (lambda v: 1 <= v < math.inf, "a finite number >= 1 (auto's lag over the "
+                                        "trainers' measured step once something waits for the version)"),
     **{f"{section}.{k}": test for section in ("optim", "critic.optim") for k, test in _OPTIM.items()},
     "train.steps": _at_least(1), "train.epochs_per_step": _at_least(1), "train.mini_batches": _at_least(1),
     "train.micro_batch_size": _at_least(1), "train.eval_every": _at_least(1), "train.log_every": _at_least(1),

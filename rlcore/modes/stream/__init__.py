@@ -40,11 +40,13 @@ there) while it measures the trainers' step and its own, then fixes the lag in p
 spends its decode, base + per_seq x its running sequences, plus per_token x the prefill tokens it also computes
 (vLLM's scheduler's count; whole nanoseconds, fitted to the measured steps), and the budget is
 rollout.load_lag_margin (1.25) x the trainers' slowest step (the longest lag over the rollout ranks), x batch v's
-tokens over the measured batch's where it has more (a trainers' step grows with its batch). It prints it and keeps
-it in the checkpoints: a resume loads at the same steps, but two auto runs measure apart, so a fixed L is what
-makes two runs identical. Save and eval steps drain first: no group starts after batch v is handed (a started
-group's samples do, so that every group in flight ends), until no trajectory is in flight (environment calls
-included).
+tokens over the measured batch's where it has more (a trainers' step grows with its batch); and
+rollout.load_lag_margin_blocked (1.1) instead of the margin once something waits for the version (admission, or the
+next hand-over with its batch complete: Engine.waits), where a longer lag would only empty the engine or idle the
+trainers. It prints it and keeps it in the checkpoints: a resume loads at the same steps, but two auto runs measure
+apart, so a fixed L is what makes two runs identical. Save and eval steps drain first: no group starts after batch v
+is handed (a started group's samples do, so that every group in flight ends), until no trajectory is in flight
+(environment calls included).
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives

@@ -92,6 +92,11 @@ class Engine:
         s = self.next_with_room()
         return s is not None and not self.recent_enough(s)
 
+    def waits(self) -> bool:
+        """Something waits for the version handed over last: admission (`blocked`), or the next hand-over (batch
+        handed + 1 is complete, and the trainers take it once that version is loaded)."""
+        return self.blocked() or self.complete(self.handed + 1)
+
     def admissible(self) -> bool:
         """Admission would start a trajectory now: one is left, there is room for it and it may start."""
         s = self.next_with_room()
@@ -106,11 +111,11 @@ class Engine:
 
     def load_due(self) -> bool:
         """Now, if nothing is in flight and admission has nothing to start (a drain also waits for every trajectory
-        to end), or once the engine steps since the hand-over spent the lag (rlcore/modes/stream/lag.py); while auto
-        measures, at the earliest point: nothing runs in the engine and nothing to start, or batch handed + 1 is
-        complete, or admission waits for this version. (A hand-over right after a load finds nothing in flight when
-        the engine was ahead: the groups the load made admissible start first, and the engine decodes them while
-        the trainers train.)"""
+        to end), or once the engine steps since the hand-over spent the lag (rlcore/modes/stream/lag.py; auto's is
+        shorter once something waits for this version: `waits`); while auto measures, at the earliest point: nothing
+        runs in the engine and nothing to start, or something waits for this version. (A hand-over right after a
+        load finds nothing in flight when the engine was ahead: the groups the load made admissible start first, and
+        the engine decodes them while the trainers train.)"""
         if self.stopped or self.error or not (self.turns.flying or self.admissible()):
             return True
         if self.draining():
@@ -118,8 +123,8 @@ class Engine:
         if self.run.cfg.rollout.free_loads:  # the moment the version is there, and only then
             return self.arrived
         if not self.lag.fixed:
-            return not (self.turns.live or self.admissible()) or self.complete(self.handed + 1) or self.blocked()
-        return self.lag.due()
+            return not (self.turns.live or self.admissible()) or self.waits()
+        return self.lag.due(self.waits())
 
     # ---- the loop ----
 
@@ -239,7 +244,7 @@ class Engine:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
         # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
-        lag, flying = self.lag.at_load(self.turns.tick), bool(self.turns.flying)
+        lag, flying = self.lag.at_load(self.turns.tick, self.waits()), bool(self.turns.flying)
         recomputed = run.engine.in_flight_tokens()
         if self.waiting is not None:
             self.waiting.wait()

@@ -14,7 +14,11 @@ at another.
 The budget is the margin (rollout.load_lag_margin, 1.25) x the trainers' step: the version loads when the steps
 since the hand-over are predicted to have taken that long. A margin too small freezes the engine whenever a
 trainers' step runs long; a larger one costs where a batch's engine work outlasts the trainers' step but not the
-lag: the next hand-over follows this load, and the engine, out of admissible work before it, drains.
+lag: the next hand-over follows this load, and the engine, out of admissible work before it, drains, while the
+trainers wait for the batch it holds. So once something waits for the version (Engine.waits: admission, a free slot
+whose next trajectory needs it; or the next hand-over, its batch complete), a second, smaller margin holds
+(rollout.load_lag_margin_blocked, 1.1): the version loads as soon as the trainers should be done. Both are data (the
+schedule and the predicted time), so the load point stays the same in every run of a config.
 
 A trainers' step grows with its batch's tokens, and they rise as a policy learns to answer at length
 (benchmarks/async_rl.py's single-turn workload: 2512 -> 5384 tokens and 0.88 -> 1.93 s between steps 3 and
@@ -53,6 +57,8 @@ class LoadLag:
     def __init__(self, rollout, ranks: int):
         self.ranks = ranks  # the rollout ranks (tensor parallelism: an engine's ranks must agree on the lag)
         self.margin = rollout.load_lag_margin  # auto: the budget over the trainers' slowest measured step
+        self.blocked_margin = rollout.load_lag_margin_blocked  # auto: the same, once something waits for the version
+        self.early = None  # auto: that budget in whole nanoseconds (None: a fixed lag, or a checkpoint saved before)
         self.auto = rollout.load_lag_steps == "auto"
         self.measuring = self.auto and not rollout.free_loads
         self.cost = None if self.auto else (1, 0, 0, 0, 0, rollout.load_lag_steps)
@@ -87,12 +93,15 @@ class LoadLag:
         elif self.measuring and took is not None:
             self.samples.append((running, computed, took))
 
-    def due(self) -> bool:
-        return self.spent >= self.budget()
+    def due(self, blocked: bool = False) -> bool:
+        """The lag is spent; or, `blocked` (something waits for this version: Engine.waits), auto's budget at the
+        blocked margin."""
+        return self.spent >= self.budget() or (blocked and self.early is not None and self.spent >= self.budget(True))
 
-    def budget(self) -> int:
-        """This version's lag: a fixed one's steps; auto's budget, scaled up by the batch's tokens over ref's."""
-        budget = self.cost[-1]
+    def budget(self, blocked: bool = False) -> int:
+        """This version's lag: a fixed one's steps; auto's budget (at load_lag_margin_blocked once something waits for
+        the version: `blocked`), scaled up by the batch's tokens over ref's."""
+        budget = self.early if blocked and self.early is not None else self.cost[-1]
         return budget * self.tokens // self.ref if self.ref and self.tokens > self.ref else budget
 
     def loaded(self, v: int, ready_s: float) -> None:
@@ -110,43 +119,49 @@ class LoadLag:
     def fix(self, v: int) -> None:
         """rollout.load_lag_steps=auto, at load CALIBRATE: the step model fitted to the steps measured so far
         (`step_model`), the budget the margin x the trainers' slowest step so far but the first (from taking a batch to
-        having its version ready), and ref, the tokens of the batch that step trained. Over the rollout ranks (an
-        engine's ranks must agree) the smallest costs, the narrowest range of counts, the largest budget and the
-        smallest ref: the longest lag any of them measured. Fixed for the rest of the run and saved in its
-        checkpoints (a resume loads at the same steps)."""
+        having its version ready), the same at the blocked margin, and ref, the tokens of the batch that step
+        trained. Over the rollout ranks (an engine's ranks must agree) the smallest costs, the narrowest range of
+        counts, the largest budgets and the smallest ref: the longest lag any of them measured. Fixed for the rest of
+        the run and saved in its checkpoints (a resume loads at the same steps)."""
         base, per_seq, per_token, lo, hi = step_model(self.samples)
         cost = [max(round(base * NS), 1), round(per_seq * NS), round(per_token * NS), lo, hi,
                 math.ceil(self.margin * self.ready_s * NS)]
-        ref = self.ready_tokens
+        early, ref = math.ceil(self.blocked_margin * self.ready_s * NS), self.ready_tokens
         if self.ranks > 1:
             cost = [int(all_min(c)) for c in cost[:3]] + [int(all_max(lo)), int(all_min(hi)), int(all_max(cost[5]))]
-            cost[4], ref = max(cost[4], cost[3]), int(all_min(ref))
-        self.cost, self.ref = tuple(cost), ref
+            cost[4], early, ref = max(cost[4], cost[3]), int(all_max(early)), int(all_min(ref))
+        self.cost, self.early, self.ref = tuple(cost), min(early, cost[5]), ref
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
                   f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
                   f"{self.ready_s:.3f} s x {self.margin}; {self.describe_step()}, fitted to versions 1-{v}'s "
-                  f"steps), x a batch's tokens / {ref} where it has more, or earlier with nothing in flight or to "
-                  f"start; stream/load_lag logs the engine steps each load came after", flush=True)
+                  f"steps), or {self.early / NS:.3f} s (x {self.blocked_margin}) once admission or the next "
+                  f"hand-over waits for that version, x a batch's tokens / {ref} where it has more, or earlier with "
+                  f"nothing in flight or to start; stream/load_lag logs the engine steps each load came after",
+                  flush=True)
 
-    def at_load(self, tick: int) -> tuple[int, int | None]:
-        """What the metrics of a load report: the engine steps since its hand-over and the budget they spent (None
-        while auto measures: that load came at the earliest point, nothing was spent)."""
-        return tick - self.handed_at, self.spent if self.cost is not None else None
+    def at_load(self, tick: int, blocked: bool = False) -> tuple[int, int | None, bool]:
+        """What the metrics of a load report: the engine steps since its hand-over, the budget they spent (None
+        while auto measures: that load came at the earliest point, nothing was spent) and whether something waited
+        for the version (Engine.waits)."""
+        return tick - self.handed_at, self.spent if self.cost is not None else None, blocked
 
-    def metrics(self, ticks: int, spent: int | None) -> dict[str, float]:
+    def metrics(self, ticks: int, spent: int | None, blocked: bool = False) -> dict[str, float]:
         """Of a load (`at_load`), logged after it: its engine steps after the hand-over; a lag in steps (-1 with
-        auto's lag in time); auto's budget for this version (from the load that fixes it) and what the steps
-        before the load had spent of it, in seconds of predicted engine time (-1 otherwise); the batch's tokens."""
+        auto's lag in time); auto's budgets for this version (from the load that fixes it: at the margin, and at
+        the blocked margin) and what the steps before the load had spent of them, in seconds of predicted engine
+        time (-1 otherwise); whether something waited for the version at the load; the batch's tokens."""
         timed = self.cost is not None and not self.in_steps
         return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
                 "stream/lag_s": self.budget() / NS if timed else -1,
+                "stream/lag_blocked_s": self.budget(True) / NS if timed and self.early is not None else -1,
                 "stream/lag_spent_s": spent / NS if timed and spent is not None else -1,
-                "stream/batch_tokens": self.tokens}
+                "stream/load_blocked": int(blocked), "stream/batch_tokens": self.tokens}
 
     def state(self) -> dict | None:
         return None if self.cost is None else {"cost": self.cost, "in_steps": self.in_steps, "ref": self.ref,
-                                               "tokens": self.tokens, "margin": self.margin}
+                                               "tokens": self.tokens, "margin": self.margin, "early": self.early,
+                                               "blocked": self.blocked_margin}
 
     def restore(self, state) -> None:
         if self.cost is None and state is not None:  # auto: the lag this run fixed before the checkpoint
@@ -158,8 +173,13 @@ class LoadLag:
                     (cost[0] * 1000, cost[1] * 1000, 0, 0, 2**62, cost[2] * 1000)
             self.cost, self.in_steps = cost, state["in_steps"]
             self.ref, self.tokens = state.get("ref", 0), state.get("tokens", 0)  # saved before the scaling: 0
+            # saved before the blocked margin: no early budget (loads at the margin's, as that run's did)
+            self.early = state.get("early")
             margin = state.get("margin", 1.25)  # saved before the margin was a setting: 1.25
-            other = f"; with load_lag_margin={margin}, not this run's {self.margin}" if margin != self.margin else ""
+            blocked = state.get("blocked", margin)
+            other = "".join(f"; with {name}={was}, not this run's {now}" for name, was, now in (
+                ("load_lag_margin", margin, self.margin), ("load_lag_margin_blocked", blocked, self.blocked_margin))
+                if was != now)
             if dist.get_rank() == 0:
                 print(f"rlcore: rollout.load_lag_steps=auto: {self.describe()}, as the run fixed it before its "
                       f"checkpoint{other} (a resume loads at the straight run's steps)", flush=True)
@@ -168,7 +188,8 @@ class LoadLag:
         if self.in_steps:
             return f"{self.cost[-1]} engine steps"
         scaled = f", x a batch's tokens / {self.ref} where it has more" if self.ref else ""
-        return f"{self.cost[-1] / NS:.3f} s of predicted engine time ({self.describe_step()}){scaled}"
+        early = f", {self.early / NS:.3f} s once something waits for the version" if self.early is not None else ""
+        return f"{self.cost[-1] / NS:.3f} s of predicted engine time ({self.describe_step()}){early}{scaled}"
 
     def describe_step(self) -> str:
         base, per_seq, per_token, lo, hi, _ = self.cost
