@@ -130,7 +130,7 @@ class LoadLag:
         if self.ranks > 1:
             cost = [int(all_min(c)) for c in cost[:3]] + [int(all_max(lo)), int(all_min(hi)), int(all_max(cost[5]))]
             cost[4], early, ref = max(cost[4], cost[3]), int(all_max(early)), int(all_min(ref))
-        self.cost, self.early, self.ref = tuple(cost), min(early, cost[5]), ref
+        self.cost, self.early, self.ref = tuple(cost), early, ref  # early <= cost[5]: config checks blocked <= margin
         if dist.get_rank() == 0:
             print(f"rlcore: rollout.load_lag_steps=auto: each version loads once the engine steps since its batch was "
                   f"handed over are predicted to have taken {cost[5] / NS:.3f} s (the trainers' step "
