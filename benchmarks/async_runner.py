@@ -161,6 +161,10 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
     med["dropped"] = sum(p["dropped"] for p in per)
     med["early"] = sum(p["early"] for p in per)
     med["n"] = len(per)
+    # auto's step model against this machine: the measured time of the steps before each load over their prediction
+    taken = [m["time/lag_taken_s"] / m["stream/lag_spent_s"] for m in rows
+             if "time/lag_taken_s" in m and m.get("stream/lag_spent_s", -1) > 0]
+    med["taken_of_spent"] = median(taken) if taken else -1
     return med
 
 
@@ -229,8 +233,9 @@ def steady(contender: str, rows: list[dict]) -> str:
 def lag(m: dict) -> str:
     """The load point of a streaming contender, as its medians say it."""
     if m["lag_s"] > 0:
+        took = f", its steps took x{m['taken_of_spent']:.2f} their predicted time" if m["taken_of_spent"] > 0 else ""
         return (f"auto's lag {m['lag_s']:.2f} s of predicted engine time, loads {m['load_lag']:.0f} engine steps after "
-                f"({m['early']:.0f} of {m['n']} under requests in flight before it, at the blocked margin)")
+                f"({m['early']:.0f} of {m['n']} under requests in flight before it, at the blocked margin){took}")
     if m["lag"] >= 0:
         return f"load lag {m['lag']:.0f} engine steps"
     return "loads on arrival (free) or at the earliest point (auto measuring)"

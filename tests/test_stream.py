@@ -250,9 +250,9 @@ def test_auto_lag_loads_where_the_model_says(one_rank, capsys):
         fixed.stepped(ticks, running, running, 0.5)
         assert not fixed.due()
     fixed.stepped(1, 1, 500, 0.5)
-    assert fixed.due() and fixed.metrics(*fixed.at_load(13)) == {
-        "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1, "stream/lag_blocked_s": -1,
-        "stream/lag_spent_s": -1, "stream/load_blocked": 0, "stream/batch_tokens": 0}
+    assert fixed.due() and fixed.metrics(*fixed.at_load(13)) == {  # the three steps took 0.5 s each
+        "time/lag_taken_s": 1.5, "stream/load_lag": 3, "stream/lag_steps": 3, "stream/lag_s": -1,
+        "stream/lag_blocked_s": -1, "stream/lag_spent_s": -1, "stream/load_blocked": 0, "stream/batch_tokens": 0}
     fixed.handed(20)
     fixed.stepped(3, 0)
     assert fixed.due()
@@ -326,7 +326,10 @@ def test_auto_lag_loads_at_the_blocked_margin_once_admission_waits(one_rank, cap
         for step in range(1, full + 1):
             lag.stepped(1, 8, 8, 0.001)
             assert lag.due(blocked=True) == (step >= early) and lag.due() == (step >= full), (tokens, step)
-    assert lag.metrics(*lag.at_load(250, True)) == {
+    got = lag.metrics(*lag.at_load(250, True))
+    # 250 steps measured at 1 ms each, predicted at 6 ms: the sum's rounding is at most 250 eps of 0.25 s
+    assert abs(got.pop("time/lag_taken_s") - 0.25) <= 250 * 0.25 * torch.finfo(torch.float64).eps
+    assert got == {
         "stream/load_lag": 250, "stream/lag_steps": -1, "stream/lag_s": 1.5, "stream/lag_blocked_s": 1.2,
         "stream/lag_spent_s": 1.5, "stream/load_blocked": 1, "stream/batch_tokens": 1500}
     capsys.readouterr()

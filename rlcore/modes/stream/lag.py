@@ -64,6 +64,7 @@ class LoadLag:
         self.cost = None if self.auto else (1, 0, 0, 0, 0, rollout.load_lag_steps)
         self.in_steps = not self.auto  # the budget's unit: engine steps, or auto's nanoseconds
         self.handed_at, self.spent = 0, 0  # turns.tick at the last hand-over; the budget spent since
+        self.taken = 0.0  # the measured seconds of the engine steps since the last hand-over (what spent predicts)
         # auto, while it measures: (running sequences, tokens computed, seconds) of each step
         self.samples: list[tuple[int, int, float]] = []
         self.ready_s = 0.0  # auto: the trainers' slowest step since the first (which warms up: compiles, allocates)
@@ -77,7 +78,7 @@ class LoadLag:
 
     def handed(self, tick: int, tokens: int = 0) -> None:
         """Batch v handed over at engine step `tick`; `tokens`: its prompts' and responses' (every engine's)."""
-        self.handed_at, self.spent, self.tokens = tick, 0, tokens
+        self.handed_at, self.spent, self.tokens, self.taken = tick, 0, tokens, 0.0
 
     def stepped(self, ticks: int, running: int, computed: int = 0, took: float | None = None) -> None:
         """The engine's clock moved `ticks` steps: one engine step of `running` sequences that computed `computed`
@@ -85,6 +86,7 @@ class LoadLag:
         jump to the next join with nothing to decode (took None). A lag in steps counts the jump's steps; auto's
         lag in time charges it nothing (how long the environments take is not the engine's to predict: the lag
         only lasts longer)."""
+        self.taken += took or 0.0
         if self.cost is not None:
             if self.in_steps:
                 self.spent += ticks
@@ -140,19 +142,21 @@ class LoadLag:
                   f"nothing in flight or to start; stream/load_lag logs the engine steps each load came after",
                   flush=True)
 
-    def at_load(self, tick: int, blocked: bool = False) -> tuple[int, int | None, bool]:
+    def at_load(self, tick: int, blocked: bool = False) -> tuple[int, int | None, bool, float]:
         """What the metrics of a load report: the engine steps since its hand-over, the budget they spent (None
-        while auto measures: that load came at the earliest point, nothing was spent) and whether something waited
-        for the version (Engine.waits)."""
-        return tick - self.handed_at, self.spent if self.cost is not None else None, blocked
+        while auto measures: that load came at the earliest point, nothing was spent), whether something waited
+        for the version (Engine.waits) and the seconds those steps took."""
+        return tick - self.handed_at, self.spent if self.cost is not None else None, blocked, self.taken
 
-    def metrics(self, ticks: int, spent: int | None, blocked: bool = False) -> dict[str, float]:
+    def metrics(self, ticks: int, spent: int | None, blocked: bool = False, taken: float = 0.0) -> dict[str, float]:
         """Of a load (`at_load`), logged after it: its engine steps after the hand-over; a lag in steps (-1 with
         auto's lag in time); auto's budgets for this version (from the load that fixes it: at the margin, and at
         the blocked margin) and what the steps before the load had spent of them, in seconds of predicted engine
-        time (-1 otherwise); whether something waited for the version at the load; the batch's tokens."""
+        time (-1 otherwise); whether something waited for the version at the load; the batch's tokens; and the
+        seconds those steps took, measured (time/lag_taken_s over stream/lag_spent_s: how well auto's step model
+        predicts this machine's steps)."""
         timed = self.cost is not None and not self.in_steps
-        return {"stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
+        return {"time/lag_taken_s": taken, "stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
                 "stream/lag_s": self.budget() / NS if timed else -1,
                 "stream/lag_blocked_s": self.budget(True) / NS if timed and self.early is not None else -1,
                 "stream/lag_spent_s": spent / NS if timed and spent is not None else -1,
