@@ -156,7 +156,8 @@ class LoadLag:
         seconds those steps took, measured (time/lag_taken_s over stream/lag_spent_s: how well auto's step model
         predicts this machine's steps)."""
         timed = self.cost is not None and not self.in_steps
-        return {"time/lag_taken_s": taken, "stream/load_lag": ticks, "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
+        return {"time/lag_taken_s": taken, "stream/load_lag": ticks,
+                "stream/lag_steps": self.cost[-1] if self.in_steps else -1,
                 "stream/lag_s": self.budget() / NS if timed else -1,
                 "stream/lag_blocked_s": self.budget(True) / NS if timed and self.early is not None else -1,
                 "stream/lag_spent_s": spent / NS if timed and spent is not None else -1,
