@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, rank_exit_codes, train_cmd
+from conftest import ROOT, rank_exit_codes, train_cmd, train_warm
 from rlcore.config.cli import parse_argv
 from rlcore.preflight import plan
 
@@ -140,8 +140,8 @@ def test_plan_cli_exit_codes(tmp_path):
 
 @pytest.mark.slow
 def test_train_plan_true_prints_and_exits(tmp_path):
-    proc = train_cmd("recipe=demo", "plan=true", f"model.path={model_dir(tmp_path, 'tiny', TINY)}",
-                     f"output_dir={tmp_path}/runs", timeout=300)
+    proc = train_warm("recipe=demo", "plan=true", f"model.path={model_dir(tmp_path, 'tiny', TINY)}",
+                      f"output_dir={tmp_path}/runs", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("rlcore plan: demo on 1 node(s) x 2") == 1  # rank 0 only
     assert "mesh: world 2; FSDP over ranks 0-1; 2 rollout group(s) x tp=1: [0] [1]" in proc.stdout
