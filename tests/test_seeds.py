@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from conftest import WORKERS, torchrun
+from conftest import WORKERS, torchrun_warm
 
 pytestmark = pytest.mark.slow  # a real vLLM engine
 
 
 def test_what_each_seed_setting_guarantees(tiny_models, tmp_path):
     out = tmp_path / "seeds.json"
-    proc = torchrun(WORKERS / "seeds_worker.py", tiny_models["qwen2"], out, nproc=1)
+    proc = torchrun_warm(WORKERS / "seeds_worker.py", tiny_models["qwen2"], out, nproc=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     for mode in ("request", "engine"):

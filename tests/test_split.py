@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_cmd, train_warm
+from conftest import WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
 
 VOLATILE = ("time/", "throughput/", "memory/")
 K1 = ("rollout.max_staleness=1", "algorithm.tis_cap=2")
@@ -169,7 +169,7 @@ def test_split_k0_trains_exactly_as_colocated(tmp_path):
     """One engine sees the whole batch in both layouts, so 1 engine rank + 1 trainer rank at k=0 samples the
     same tokens from the same weights and seeds as one colocated rank, trains the same update, and sends it
     whole: every logged number and the exported bytes are identical. It learns (+30 points or more)."""
-    proc = train_cmd(*LEARN, f"output_dir={tmp_path / 'colocated'}", nproc=1)
+    proc = train_warm(*LEARN, f"output_dir={tmp_path / 'colocated'}", nproc=1)
     assert proc.returncode == 0, proc.stderr[-4000:]
     proc = train_warm(*LEARN, "rollout.ranks=1", f"output_dir={tmp_path / 'split'}")
     assert proc.returncode == 0, proc.stderr[-4000:]
