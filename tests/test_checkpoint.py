@@ -24,9 +24,16 @@ def read_metrics(run_dir) -> list[dict]:
 
 
 def python(*args, timeout=300) -> subprocess.CompletedProcess:
+    return pythons([args], timeout)[0]
+
+
+def pythons(commands: list, timeout=300) -> list[subprocess.CompletedProcess]:
+    """`python ARGS` for each ARGS in commands, all at once (one thread each: the machine's cores share them)."""
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    procs = [subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for args in commands]
+    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    return [subprocess.CompletedProcess(proc.args, proc.returncode, *out) for proc, out in zip(procs, outputs)]
 
 
 @pytest.fixture(scope="module")
@@ -108,9 +115,10 @@ def test_hf_export_loads_in_transformers_and_vllm(straight, tmp_path):
     from rlcore.tasks import tiny
 
     hf_dir, ckpt = straight / "hf" / "step_4", straight / "checkpoints" / "step_4"
-    logprobs = {}
-    for mode, *args in (("trainer", tiny.model_dir(), ckpt), ("hf", hf_dir), ("vllm", hf_dir)):
-        proc = python(WORKERS / "hf_logprobs.py", mode, *args, tmp_path / f"{mode}.json")
+    logprobs, modes = {}, (("trainer", tiny.model_dir(), ckpt), ("hf", hf_dir), ("vllm", hf_dir))
+    runs = pythons([(WORKERS / "hf_logprobs.py", mode, *args, tmp_path / f"{mode}.json") for mode, *args in modes]
+                   + [(ROOT / "launch" / "convert.py", ckpt, tmp_path / "converted")])
+    for (mode, *_), proc in zip(modes, runs):
         assert proc.returncode == 0, proc.stderr[-4000:]
         logprobs[mode] = json.loads((tmp_path / f"{mode}.json").read_text())["logprobs"]
     for mode in ("hf", "vllm"):
@@ -122,8 +130,7 @@ def test_hf_export_loads_in_transformers_and_vllm(straight, tmp_path):
     assert trained.keys() == initial.keys()
     assert max((trained[k] - initial[k]).abs().max().item() for k in trained) > 1e-5  # 4 steps moved it
 
-    proc = python(ROOT / "launch" / "convert.py", ckpt, tmp_path / "converted")
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert runs[-1].returncode == 0, runs[-1].stderr[-4000:]  # launch/convert.py
     for f in hf_dir.iterdir():
         assert (tmp_path / "converted" / f.name).read_bytes() == f.read_bytes(), f.name
 
