@@ -138,15 +138,15 @@ def test_truncated_trajectories_get_the_fixed_reward(tmp_path):
 @pytest.mark.slow
 def test_continuous_schedule_with_a_step_deadline(tmp_path):
     """rollout.schedule=continuous through the real entry point: a third of the tools never answer in time, the
-    10 s step deadline ends those trajectories truncated (counted) and the step goes on; the exact sync check
+    5 s step deadline ends those trajectories truncated (counted) and the step goes on; the exact sync check
     holds over every model token; the stuck calls do not hold up the end of the run."""
     t0 = time.perf_counter()
     proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
                      f"rollout.env={ENVS}:Stuck", "rollout.max_total_tokens=16", "rollout.schedule=continuous",
-                     "rollout.step_deadline_s=10", "rollout.env_timeout_s=500", *SMALL, timeout=300)
+                     "rollout.step_deadline_s=5", "rollout.env_timeout_s=500", *SMALL, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert time.perf_counter() - t0 < 200  # not the stuck calls' 600 s
     (r,) = read_metrics(tmp_path / "demo")
     assert r["rollout/deadline_truncated"] > 0 and r["env/truncated_frac"] > 0 and r["env/timeouts"] == 0
     assert r["env/calls_per_s"] > 0 and 0 <= r["rollout/engine_idle_frac"] < 1
-    assert r["rollout/logprob_diff_max"] < 1e-4 and 10 <= r["time/step_s"] < 60
+    assert r["rollout/logprob_diff_max"] < 1e-4 and 5 <= r["time/step_s"] < 60
