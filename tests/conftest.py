@@ -50,11 +50,10 @@ def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | N
 class RunServer:
     """The slow tier's shared launch: one torchrun job (tests/workers/run_server.py) that runs
     launch/train.py's main(argv) for run after run, each with its own process groups, engines and run folder.
-    For runs whose test reads their numbers, files and lines, not the launch itself: runs that exit 0, and runs
-    that stop with a code every rank agrees on (2 or 3: the job goes on after them, tests/workers/run_server.py).
-    Any other failure ends the job (the next run starts a new one); signals, kills, crashes, torchrun's own report
-    and startup stay with train_cmd's fresh launches. `test_train.py` checks that a run here logs and exports what
-    a fresh launch does."""
+    For runs expected to exit 0 whose test reads their numbers and files, not the launch itself: a run that
+    fails ends the job (the next run starts a new one), and signals, kills, exit codes, crashes and startup
+    stay with train_cmd's fresh launches. `test_train.py` checks that a run here logs and exports what a fresh
+    launch does."""
 
     def __init__(self, nproc: int):
         self.nproc = nproc
@@ -83,7 +82,7 @@ class RunServer:
               script: Path | None = None) -> subprocess.CompletedProcess:
         """As train_cmd(*overrides, env=env), or torchrun(script, *overrides, env=env): the ranks' stdout and stderr,
         returncode 0 when every rank exits 0 (else the first non-zero rank's code; -9 when the job died or ran past
-        `timeout`, and was killed), and `rank_codes`, each rank's code (rank_exit_codes reads them)."""
+        `timeout`, and was killed)."""
         if self.proc is None or self.proc.poll() is not None:
             self.start()
         n, self.n = self.n, self.n + 1
@@ -100,12 +99,9 @@ class RunServer:
                 break
             time.sleep(0.05)
         read = lambda kind: "".join(p.read_text() for p in sorted(self.folder.glob(f"{kind}-{n}-rank*.txt")))
-        ranks = [codes.get(rank, -9) for rank in range(self.nproc)]
-        failed = [c for c in ranks if c != 0]
-        done = subprocess.CompletedProcess(["run_server", *map(str, overrides)], failed[0] if failed else 0,
-                                           read("out"), read("err") + (self.log() if set(ranks) - {0, 2, 3} else ""))
-        done.rank_codes = ranks
-        return done
+        failed = [c for c in (codes.get(rank, -9) for rank in range(self.nproc)) if c != 0]
+        return subprocess.CompletedProcess(["run_server", *map(str, overrides)], failed[0] if failed else 0,
+                                           read("out"), read("err") + (self.log() if failed else ""))
 
     def log(self) -> str:
         return (self.folder / "torchrun.txt").read_text()[-4000:]
@@ -131,22 +127,14 @@ _runs: dict[int, RunServer] = {}
 
 def train_warm(*overrides: str, nproc: int = 2, timeout: int = 600,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    """train_cmd in the shared launch of `nproc` ranks (RunServer): for a run that should exit 0, or stop with an
-    exit code every rank agrees on (2, 3)."""
+    """train_cmd in the shared launch of `nproc` ranks (RunServer): for a run that should exit 0."""
     return _runs.setdefault(nproc, RunServer(nproc)).train(*overrides, timeout=timeout, env=env)
-
-
-def shared_launch_pid(nproc: int = 2) -> int | None:
-    """The process id of the shared launch of `nproc` ranks now running (None: none is)."""
-    server = _runs.get(nproc)
-    return server.proc.pid if server and server.proc and server.proc.poll() is None else None
 
 
 def torchrun_warm(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
                   env: dict | None = None) -> subprocess.CompletedProcess:
-    """torchrun(script, *args) in the shared launch of `nproc` ranks: for a worker that should exit 0 or stop as
-    every rank agrees (its process groups and engines are left behind it by the shared launch, as by the end of a
-    process; what it patches it must put back)."""
+    """torchrun(script, *args) in the shared launch of `nproc` ranks: for a worker that should exit 0 (its process
+    groups and engines are left behind it by the shared launch, as by the end of a process)."""
     return _runs.setdefault(nproc, RunServer(nproc)).train(*args, timeout=timeout, env=env, script=Path(script))
 
 
@@ -158,10 +146,7 @@ def free_port() -> int:
 
 def rank_exit_codes(proc: subprocess.CompletedProcess) -> set[int]:
     """Exit codes of the ranks that stopped by themselves, from torchrun's failure report (torchrun
-    itself exits 1). Ranks torchrun terminated once the first one exited (-15, SIGTERM) are left out. A run in the
-    shared launch (RunServer) gives each rank's code itself."""
-    if hasattr(proc, "rank_codes"):
-        return set(proc.rank_codes)
+    itself exits 1). Ranks torchrun terminated once the first one exited (-15, SIGTERM) are left out."""
     return {int(m) for m in re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)} - {-15}
 
 

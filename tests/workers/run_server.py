@@ -9,10 +9,8 @@ the request names), its own engines, FSDP2 and run folder, all gone when main() 
 Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...], "env": {...}, "path": [...],
 "port": P}, with "script": a worker to run instead of main(), or {"quit": true}); every rank runs request N with its stdout and stderr (file descriptors 1 and 2, so
 C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code}).
-A run that stops with an exit code every rank agrees on (2 or 3: main() raised the same error on every rank, left
-its process groups together and returned) leaves nothing behind that a run ending with 0 would not, and the job goes
-on. Any other non-zero code ends the job (after its result is written): a failed run's state (a process group left
-open, an engine half built, a thread still waiting) never reaches the next run, which starts a new job.
+A run that does not exit 0 on this rank ends the job (after its result is written): a failed run's state (a process
+group left open, an engine half built, a thread still waiting) never reaches the next run, which starts a new job.
 """
 import gc
 import json
@@ -115,27 +113,9 @@ def serve(folder: Path) -> int:
         tmp = folder / f"res-{n}-rank{rank}.tmp"
         tmp.write_text(json.dumps({"code": code}))
         tmp.rename(folder / f"res-{n}-rank{rank}.json")
-        if code != 0 and not agreed_stop(folder, n, code):
+        if code != 0:
             return code
     return 0
-
-
-AGREED = (2, 3)  # launch/train.py's EXIT_BAD_INPUT and EXIT_RUN_STOPPED
-
-
-def agreed_stop(folder: Path, n: int, code: int, wait_s: float = 60.0) -> bool:
-    """Whether run n stopped with `code` on every rank, each rank's main() having returned it (its result written):
-    then no rank waits in a collective of that run. A rank that never writes its result (it waits, or it died) ends
-    the job here after wait_s, as a failed launch would end."""
-    if code not in AGREED:
-        return False
-    results = [folder / f"res-{n}-rank{r}.json" for r in range(int(os.environ["WORLD_SIZE"]))]
-    deadline = time.monotonic() + wait_s
-    while not all(p.exists() for p in results):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return all(json.loads(p.read_text())["code"] == code for p in results)
 
 
 if __name__ == "__main__":
