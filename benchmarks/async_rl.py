@@ -75,6 +75,9 @@ CONTENDERS = {
                             "rollout.load_lag_margin_blocked=1.0"],
     "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.free_loads=true"],
+    # ... with one more version of slack: where the two sides are balanced, how much of the engine's idle share is
+    # the other side's step-to-step spread
+    "stream k=3 r16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=3", "rollout.max_running=16"],
     # One batch in flight with the shorter lag: each step of lag lengthens the latency chain; and without the
     # blocked margin
     "stream k=2 m1.1": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.load_lag_margin=1.1"],
