@@ -32,7 +32,13 @@ def pythons(commands: list, timeout=300) -> list[subprocess.CompletedProcess]:
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     procs = [subprocess.Popen([sys.executable, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for args in commands]
-    outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    try:
+        outputs = [proc.communicate(timeout=timeout) for proc in procs]
+    finally:  # as subprocess.run on a timeout: no process is left running behind a failed test
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     return [subprocess.CompletedProcess(proc.args, proc.returncode, *out) for proc, out in zip(procs, outputs)]
 
 
