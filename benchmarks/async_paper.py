@@ -12,7 +12,8 @@ GB_7B = 15.2  # Qwen2.5-7B in bf16
 
 
 def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfer: dict[int, float],
-             phis: list[float], occupancy: float = 1.0, frozen: dict[int, float] | None = None, lag: float = 1.25):
+             phis: list[float], occupancy: float = 1.0, frozen: dict[int, float] | None = None, lag: float = 1.25,
+             period: float = 1.0):
     """Step seconds of colocated / split k=0 / split k=1 / streaming k on W GPUs from a colocated step of
     gen + train + sync_colocated[W] seconds (all W GPUs generate, then all train). Split with R engine GPUs:
     generation takes gen x (phi x W / R + 1 - phi), training train x W / (W - R), the transfer transfer[W] on
@@ -23,8 +24,11 @@ def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfe
     waits frozen[k] x train' a step for the weights at its load point (measured: the share of the trainer's step
     the engine waited). The latency chain: a batch's longest sample (latency gen x (1 - phi)) starts once
     the version k + 1 steps back has loaded, `lag` x train' after its hand-over, and must end by its own
-    hand-over, so k + 1 steps take at least that latency + lag x train'. R is the best of 1..W-1 for each.
-    -> rows."""
+    hand-over, so k + 1 steps take at least that latency + lag x train'. The trainers' period: the next
+    hand-over comes after the load, so where something waits for the version (the two sides balanced, which is
+    where the best R puts them) a step takes at least `period` x train': the load's time after its hand-over over
+    the trainers' step (deterministic loads: the blocked margin, as this machine's steps meet auto's prediction;
+    free loads: 1). R is the best of 1..W-1 for each. -> rows."""
     frozen = frozen or {1: 0.0, 2: 0.0}
     rows = []
     for W, x in transfer.items():
@@ -36,7 +40,7 @@ def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfe
 
             def stream(R, k):
                 g, t = gen * phi * W / R / occupancy, train * W / (W - R)
-                return max(g + frozen[k] * t, t, (gen * (1 - phi) + lag * t) / (k + 1)) + x
+                return max(g + frozen[k] * t, period * t, (gen * (1 - phi) + lag * t) / (k + 1)) + x
 
             best = {f"k{k}": min(range(1, W), key=lambda R: split(R, k)) for k in (0, 1)}
             best |= {f"s{k}": min(range(1, W), key=lambda R: stream(R, k)) for k in frozen}
@@ -46,9 +50,11 @@ def on_paper(gen: float, train: float, sync_colocated: dict[int, float], transfe
     return rows
 
 
-def print_on_paper(occupancy: float = 1.0, frozen: dict[int, float] | None = None, lag: float = 1.25) -> list[str]:
+def print_on_paper(occupancy: float = 1.0, frozen: dict[int, float] | None = None, lag: float = 1.25,
+                   period: float = 1.0) -> list[str]:
     """The table (printed and returned): seconds a step (best R in brackets) and samples/s ratios."""
-    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.6, 0.25], occupancy, frozen, lag)
+    rows = on_paper(60.0, 40.0, {8: 0.12, 64: 0.5}, {8: 0.12, 64: 6.0}, [1.0, 0.6, 0.25], occupancy, frozen, lag,
+                    period)
     lines = ["| GPUs | phi | colocated s | split k=0 s (R) | split k=1 s (R) | stream k=1 s (R) | stream k=2 s (R) "
              "| k=1 / colocated | stream k=1 / split k=1 | stream k=2 / split k=1 | stream k=2 / colocated "
              "| transfer s (GB/s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]

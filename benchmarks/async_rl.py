@@ -198,11 +198,14 @@ def main() -> None:
                              "1.25; free loads: 1)")
     parser.add_argument("--frozen", type=float, nargs=2, default=[0.0, 0.0],
                         help="on paper: the share of a trainer step the streaming engine waits, k=1 and k=2")
+    parser.add_argument("--period", type=float, default=1.0,
+                        help="on paper: the trainers' period over their step where something waits for the "
+                             "version (a run's report measures it: the load's time after its hand-over; free: 1)")
     args = parser.parse_args()
     args.only = args.only or DEFAULT + (["stream k=1 continuous"] if args.workload == "agent" else [])
     if args.on_paper:
         from benchmarks.async_paper import print_on_paper
-        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)), args.lag)
+        return print_on_paper(args.occupancy, dict(zip((1, 2), args.frozen)), args.lag, args.period)
     overrides, occupancy = workload(args)  # builds the models and data outside the timed runs
     if args.report_from:
         results = json.loads(Path(args.report_from).read_text())

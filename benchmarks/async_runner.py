@@ -165,6 +165,11 @@ def summarise(rows: list[dict], occupancy_batch: float, overlap: bool) -> dict:
     taken = [m["time/lag_taken_s"] / m["stream/lag_spent_s"] for m in rows
              if "time/lag_taken_s" in m and m.get("stream/lag_spent_s", -1) > 0]
     med["taken_of_spent"] = median(taken) if taken else -1
+    # the trainers' period where something waited for the version: the next hand-over follows the load, which came
+    # these seconds after its hand-over, while the trainers took time/step_s (the on-paper table's --period)
+    period = [m["time/lag_taken_s"] / m["time/step_s"] for m in rows
+              if m.get("stream/load_blocked") and m.get("stream/lag_spent_s", -1) >= 0 and m.get("time/step_s")]
+    med["period"] = median(period) if period else -1
     return med
 
 
@@ -234,6 +239,9 @@ def lag(m: dict) -> str:
     """The load point of a streaming contender, as its medians say it."""
     if m["lag_s"] > 0:
         took = f", its steps took x{m['taken_of_spent']:.2f} their predicted time" if m["taken_of_spent"] > 0 else ""
+        if m["period"] > 0:
+            took += (f"; where something waited for the version it loaded x{m['period']:.2f} the trainers' step after "
+                     f"its hand-over (--period on paper)")
         return (f"auto's lag {m['lag_s']:.2f} s of predicted engine time, loads {m['load_lag']:.0f} engine steps after "
                 f"({m['early']:.0f} of {m['n']} under requests in flight before it, at the blocked margin){took}")
     if m["lag"] >= 0:

@@ -84,3 +84,7 @@ def test_the_on_paper_model_by_hand():
     # k=1, R engines: max(60 x 0.25 x 8 / R, 320 / (8 - R), (45 + 2 x 320 / (8 - R)) / 2): R=3 max(40, 64, 86.5)
     # = 86.5, R=2 max(60, 53.3, 75.8) = 75.8, R=1 max(120, 45.7, 68.2) = 120: the chain picks R=2
     assert row["Rs1"] == 2 and abs(row["s1"] - ((45 + 2 * 320 / 6) / 2 + 0.12)) < 1e-9
+    # the trainers' period 1.1 x their step (deterministic loads where something waits), occupancy 1: streaming
+    # k=2 at R engines max(288 / R, 1.1 x 320 / (8 - R), chain): R=4 max(72, 88, 41.3) = 88, R=3 max(96, 70.4) = 96
+    (row,) = on_paper(60.0, 40.0, {8: 0.12}, {8: 0.12}, [0.6], occupancy=1.0, frozen={2: 0.0}, period=1.1)
+    assert row["Rs2"] == 4 and abs(row["s2"] - 88.12) < 1e-9
