@@ -75,6 +75,10 @@ CONTENDERS = {
                             "rollout.load_lag_margin_blocked=1.0"],
     "stream k=2 r16 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.free_loads=true"],
+    # ... with the trainers waiting for each load before they take the next batch (rollout.early_handover=false: the
+    # protocol before the early hand-over; the same load points and numbers)
+    "stream k=2 r16 late": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                            "rollout.early_handover=false"],
     # ... with one more version of slack: where the two sides are balanced, how much of the engine's idle share is
     # the other side's step-to-step spread
     "stream k=3 r16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=3", "rollout.max_running=16"],

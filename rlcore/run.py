@@ -76,6 +76,9 @@ class Trainer:
     critic_optimizer: torch.optim.Optimizer | None = None
     critic_scheduler: object = None
     group: object = None  # split mesh: the trainer ranks' own process group (FSDP2's); None = the world
+    # called between two micro-batches of the trainers' forward passes (final=True: before an optimizer step), where
+    # streaming's early hand-over sends the version the engine waits for (rlcore/modes/stream/trainer_side.py)
+    poll: Callable[[bool], None] | None = None
 
     def trained_models(self) -> dict[str, tuple]:
         """Every model the run trains, with its optimizer and LR scheduler: what a checkpoint holds."""

@@ -54,8 +54,8 @@ def setup(cfg: Config) -> Run:
     tokenizer, reward_fns, table, envs, eval_rows = preflight.on_every_rank(
         preflight.load_inputs, cfg, hf_config.vocab_size)
     fsdp_mesh, rollout_mesh = build_meshes(dims)
-    link = transfer.Link.make(dims.rollout_ranks, world, dims.tp, cfg.rollout.stream,
-                              cfg.rollout.free_loads) if dims.split else None
+    link = transfer.Link.make(dims.rollout_ranks, world, dims.tp, cfg.rollout.stream, cfg.rollout.free_loads,
+                              stream.early_handover(cfg, dims)) if dims.split else None
     group, tp_rank = rollout_mesh.get_local_rank("dp"), rollout_mesh.get_local_rank("tp")
     generates, trains = dims.generates(rank), dims.trains(rank)  # both when colocated
     prompts = PromptStream(table, cfg.rollout.prompts_per_step // dims.rollout_groups, dims.rollout_groups,

@@ -373,6 +373,28 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
     assert fixed.budget() == 3
 
 
+def test_what_is_left_of_the_lag(one_rank):
+    """The early hand-over tells the trainers to come once what is left of the lag is within their longest
+    micro-batch (Engine.tell_due). auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the
+    blocked margin 1.1: budgets 1 s and 0.88 s; after 100 steps (0.6 s) 0.4 s is left, 0.28 s once something waits
+    for the version. A lag of 3 engine steps, one step in: 2 steps x the engine's mean step. None while auto
+    measures."""
+    lag = new_lag("auto", blocked=1.1)
+    assert lag.left_ns(False, 10**6) is None
+    lag.stepped(1, 8, 8, 6e-3)
+    lag.handed(0, 1000)
+    lag.loaded(2, 0.8)
+    lag.handed(0, 1000)
+    for _ in range(100):
+        lag.stepped(1, 8, 8, 0.001)
+    # the blocked budget is 1.1 x 0.8 s rounded up to the nanosecond: 880_000_001 (1.1 x 0.8 is 0.8800000000000001)
+    assert (lag.left_ns(False, 1), lag.left_ns(True, 1)) == (400_000_000, 280_000_001)
+    fixed = new_lag(3)
+    fixed.handed(0, 1000)
+    fixed.stepped(1, 8, 8, 0.001)
+    assert fixed.left_ns(True, 7_000_000) == 14_000_000
+
+
 def test_a_load_lets_admission_start_what_it_may_first(one_rank):
     """The engine's decision at a step boundary after a hand-over (Engine.load_due), on its own state: batches of
     2 groups of 4, 8 slots, k=2, a fixed lag of 3 steps not yet spent. With nothing in flight and batch 7's first
@@ -632,6 +654,42 @@ def test_stream_auto_lag_never_freezes_on_time_trainers_and_resumes_exactly(tmp_
     assert "as the run fixed it before its checkpoint" in proc.stdout
     assert metrics(tmp_path / "demo") == straight
     assert (tmp_path / "demo" / "hf/step_6/model.safetensors").read_bytes() == weights
+
+
+@pytest.mark.slow
+def test_early_handover_changes_no_number_and_resumes(tmp_path):
+    """k=2, each version loaded 12 engine steps after its batch's hand-over, the engine slowed by 0.05 s a step: the
+    trainers are done long before the load point, and the next batch is complete before it. With
+    rollout.early_handover (the default) the engine gives them that batch first, and they join the load between two
+    micro-batches of the next step (or before its optimizer step); without it they wait for the load. The two runs
+    log the same numbers and export the same bytes (the load points are the same); only the loads after which a batch
+    went early say so (stream/early_handover), and none at a checkpoint's load. Resumed from the checkpoint of step
+    3, the early run logs the same numbers again."""
+    run = (*STREAM, "rollout.max_staleness=2", "rollout.load_lag_steps=12", "train.steps=6", "train.save_every=3",
+           "train.export_every=6", "data.eval_path=")
+
+    def logged(out):
+        return [{k: v for k, v in r.items() if k != "stream/early_handover"} for r in metrics(out / "demo")]
+
+    proc = torchrun_warm(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'a'}", env={"SLOW": "engine:0.05"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = torchrun_warm(WORKERS / "stream_worker.py", *run, "rollout.early_handover=false",
+                         f"output_dir={tmp_path / 'b'}", env={"SLOW": "engine:0.05"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    early = [r["stream/early_handover"] for r in metrics(tmp_path / "a" / "demo")]
+    assert early[2] == early[5] == 0 and sum(early) >= 2, early  # steps 3 and 6 save: nothing goes early there
+    assert [r["stream/early_handover"] for r in metrics(tmp_path / "b" / "demo")] == [0] * 6
+    straight = logged(tmp_path / "a")
+    assert logged(tmp_path / "b") == straight
+    weights = "demo/hf/step_6/model.safetensors"
+    assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
+
+    shutil.rmtree(tmp_path / "a" / "demo" / "checkpoints" / "step_6")
+    proc = train_warm(*run, f"output_dir={tmp_path / 'a'}", "resume=auto")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "resume: continuing after step 3" in proc.stdout
+    assert logged(tmp_path / "a") == straight
+    assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
 
 
 def auto_lag(stdout: str, rows: list[dict], max_running: int, tokens: int = 4096) -> tuple[float, float]:

@@ -115,6 +115,11 @@ class RolloutConfig:
     # or the next hand-over (its batch complete) waits for the version: the engine would run emptier, or the
     # trainers idle, through the margin's room. Between 1 and load_lag_margin (which turns it off).
     load_lag_margin_blocked: float = 1.1
+    # streaming, deterministic loads, one engine: the next batch goes to the trainers once it is complete and they are
+    # done with their step, before the engine loads the version that step made; they start the next step with it and
+    # send that version when the engine reaches its load point, between two of their micro-batches. The load points
+    # and every number are the same either way; what changes is that the trainers no longer wait for the lag.
+    early_handover: bool = True
 
 
 @dataclass

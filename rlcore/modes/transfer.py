@@ -4,6 +4,7 @@ signals, over gloo between every rank. Every rank makes the groups; each side ca
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,15 +31,19 @@ class Link:
     # streaming (rlcore/modes/stream/), several engines: their first ranks (the batch's metrics: the default backend, as
     # `rollout`, since rlcore.distributed.collectives' sums are device tensors)
     leads: object = None
-    ready: object = None  # rollout.free_loads: rank R and each engine's first rank over gloo, "version v waits"
+    # rollout.free_loads or rollout.early_handover: rank R and each engine's first rank over gloo, "version v waits"
+    ready: object = None
+    calls: object = None  # rollout.early_handover: the same ranks, the other way: "the engine is at its load point"
 
     @staticmethod
-    def make(rollout_ranks: int, world: int, tp: int = 1, stream: bool = False, free_loads: bool = False) -> Link:
+    def make(rollout_ranks: int, world: int, tp: int = 1, stream: bool = False, free_loads: bool = False,
+             early: bool = False) -> Link:
         side, leads = list(range(rollout_ranks)), list(range(0, rollout_ranks, tp))
         return Link(new_group(side), new_group(side + [rollout_ranks]), new_group(side + [rollout_ranks], "gloo"),
                     new_group(list(range(world)), "gloo"), rollout_ranks,
                     new_group(leads) if stream and len(leads) > 1 else None,
-                    new_group(leads + [rollout_ranks], "gloo") if free_loads else None)
+                    new_group(leads + [rollout_ranks], "gloo") if free_loads or early else None,
+                    new_group(leads + [rollout_ranks], "gloo") if early else None)
 
 
 # ---- the two halves of an exchange -------------------------------------------------------------------------
@@ -113,6 +118,29 @@ def exchange(link: Link, mine: dict) -> list[dict]:
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, mine, group=link.objects)
     return out
+
+
+def listen(group, src: int) -> threading.Event:
+    """Set once `src` sends one number over `group`, which it keeps as `.number` (streaming: the trainers' "version
+    v waits", or with the early hand-over "done, and our micro-batches take this long", to an engine's first rank,
+    Link.ready; the engine's "come to my load point" to the trainers, Link.calls). A thread receives it: gloo's irecv
+    only completes inside wait(), so polling it from a loop would never see it."""
+    arrived = threading.Event()
+    arrived.number = None
+
+    def receive() -> None:
+        number = torch.zeros(1, dtype=torch.long)
+        dist.recv(number, src=src, group=group)
+        arrived.number = int(number)
+        arrived.set()
+
+    threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True).start()
+    return arrived
+
+
+def tell(group, dst: int, number: int):
+    """The other end of `listen`: one number to `dst` over `group` (wait() the returned work)."""
+    return dist.isend(torch.tensor([number]), dst=dst, group=group)
 
 
 def error_in(messages: list[dict]) -> str | None:

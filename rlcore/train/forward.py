@@ -35,13 +35,21 @@ def forward_values(run: Run, batch: Batch) -> torch.Tensor:
 
 
 def forward_all(run: Run, batch: Batch, forward) -> torch.Tensor:
-    """One per-token output [B, T] for the whole batch, a micro-batch at a time."""
+    """One per-token output [B, T] for the whole batch, a micro-batch at a time (the trainer's poll after each)."""
     out = torch.zeros(batch.loss_mask.shape)  # [B, T]
     for rows in micro_batches(run, batch):
         result = per_token(run, batch.select(rows).to(device_type()) if rows is not None else None, forward)
         if rows is not None:
             out[rows] = result.cpu()
+        poll(run)
     return out
+
+
+def poll(run: Run, final: bool = False) -> None:
+    """Between two micro-batches (final: before an optimizer step): the trainer's poll, if its mode set one
+    (rlcore.run.Trainer.poll)."""
+    if run.trainer is not None and run.trainer.poll is not None:
+        run.trainer.poll(final)
 
 
 def micro_batches(run: Run, batch: Batch) -> list[torch.Tensor | None]:

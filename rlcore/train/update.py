@@ -13,7 +13,7 @@ from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import all_max, all_sum
 from rlcore.distributed.parallel import device_type
 from rlcore.models import build as models
-from rlcore.train.forward import logprobs_forward, micro_batches, per_token, takes_old_logprobs, values_forward
+from rlcore.train.forward import logprobs_forward, micro_batches, per_token, poll, takes_old_logprobs, values_forward
 
 if TYPE_CHECKING:
     from rlcore.run import Run
@@ -70,6 +70,8 @@ def update(run: Run, batch: Batch, before_step: Callable[[], None] | None = None
                     # A metric named *_max is a maximum (over micro-batches, ranks and optimizer steps).
                     v = float(v)
                     sums[k] = max(sums.get(k, -math.inf), v) if k.endswith("_max") else sums.get(k, 0.0) + v
+                poll(run)
+            poll(run, final=True)
             if before_step is not None:
                 before_step()
             grad_norms.append(models.clip_grad_norm(tr.policy, cfg.optim.max_grad_norm))

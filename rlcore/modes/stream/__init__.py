@@ -48,6 +48,18 @@ apart, so a fixed L is what makes two runs identical. Save and eval steps drain 
 is handed (a started group's samples do, so that every group in flight ends), until no trajectory is in flight
 (environment calls included).
 
+Early hand-over (rollout.early_handover, one engine, deterministic loads). The next hand-over follows a load, and a
+load comes the lag after its hand-over, so where batch v + 1 is complete before version v loads the trainers would
+wait out the lag's excess over their step. Instead they say when they are done with step v (Link.ready), and the
+engine, with batch v + 1 complete and nothing at load v that needs their state as it is (a checkpoint, an eval, an
+export, a stop, an error), gives it to them at its next step boundary (Engine.give). They start step v + 1 with it;
+at its load point the engine tells them (Link.calls), and they join the load between two micro-batches of that step
+(rlcore.run.Trainer.poll; before its first optimizer step in any case), sending version v, which the step has not
+changed yet. The engine's decisions never read whether a batch went early (it lets go of the batch's groups at the
+hand-over proper), so the load points, the tokens and every number are the ones without it. A checkpoint at a load
+that followed an early give keeps the batch on the engine's side, and the resume hands it over again. The engine
+waits at a load only as long as the micro-batch in progress, where without it the trainers waited for the lag.
+
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives
 its own: rlcore.distributed.collectives.scoped(ALONE)) and hands its share over; the other ranks hold the same trajectories
@@ -81,7 +93,9 @@ cached prefix) against the trainers' logprobs: above rollout.logprob_diff_thresh
 
 The two sides meet at these exchanges, always in this order (rlcore/modes/transfer.py): hand-over b (all_gather over
 every rank: batch b, errors, stop signals, the probe), weights b (the trainers' header + units into the engine's
-in-place reload), control b (all_gather: the probe's verdict, stop signals; the checkpoint when due).
+in-place reload), control b (all_gather: the probe's verdict, stop signals; the checkpoint when due). With the early
+hand-over each load begins with a call (all_gather: the trainers' error, if their step had one), and the call that
+gives batch b + 1 may come before weights b: the trainers learn from each call which it is.
 Checkpoints drain (above) and save after a load: exact resume. A signal (SIGTERM/SIGUSR1) sends the engine to
 its next exchange at once; in-flight trajectories are dropped (requests aborted, environment calls abandoned) and
 their groups re-admitted from scratch on resume (complete and nothing lost, but not the numbers of a straight
@@ -103,6 +117,13 @@ from rlcore.modes.stream.trainer_side import train_side
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
     from rlcore.run import Run
+
+
+def early_handover(cfg, dims) -> bool:
+    """rollout.early_handover holds: deterministic streaming with one engine (several engines agree on each hand-over
+    at its step; free loads load when the trainers are done anyway)."""
+    r = cfg.rollout
+    return r.stream and r.early_handover and not r.free_loads and dims.split and dims.rollout_groups == 1
 
 
 def train(run: Run, loop: Loop) -> dict[str, float]:

@@ -171,9 +171,9 @@ class AgentTurns(Turns):
         if self.runner is not None:
             self.runner.close()
 
-    def _batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
+    def _batch(self, groups: list[int], size: int, version: int) -> tuple[Batch, dict]:
         trajs = [x for g in groups for x in self.done[g]["trajs"]]
-        batch, metrics = super()._batch(groups, size)
+        batch, metrics = super()._batch(groups, size, version)
         n, calls, failed, timeouts, rewritten = all_sum(
             len(trajs), sum(len(x.turns) for x in trajs), sum(x.error is not None for x in trajs),
             sum(x.timed_out for x in trajs), sum(len(x.starts) for x in trajs))

@@ -8,20 +8,19 @@ read as one loop.
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error
 from rlcore.modes.offpolicy import PROBE_ROWS, own_state, probe_gaps, trainers_state
 from rlcore.modes.stream.agents import AgentTurns
+from rlcore.modes.stream.early import EarlyHandover
 from rlcore.modes.stream.lag import LoadLag
 from rlcore.modes.stream.turns import Turns
-from rlcore.modes.transfer import Link, exchange, error_in, receive_weights
+from rlcore.modes.transfer import Link, exchange, error_in, listen, receive_weights
 from rlcore.rollout.collect import rollout_seed
 from rlcore.train.logprobs import drift_error
 
@@ -50,12 +49,16 @@ class Engine:
         # the next to admit, and those to admit first (after a signal: the dropped groups' samples, admitted anew)
         self.next_sample, self.todo = 0, []
         self.handed, self.probe, self.scores = 0, None, {}
+        # rollout.early_handover: the trainers may hold batch handed + 1 before version `handed` loads
+        # (rlcore/modes/stream/early.py)
+        self.early = EarlyHandover(link)
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
         self.clock = new_clock()
         # the deterministic load point: version v loads once the engine steps since hand-over v spent the lag; while
         # rollout.load_lag_steps=auto measures, at the earliest point (rlcore/modes/stream/lag.py)
         self.lag = LoadLag(r, run.dims.rollout_ranks)
-        self.waiting = None  # rollout.free_loads: the receive of "version `handed` waits" from the trainers
+        # free loads, early hand-over: the receive of "version `handed` waits" from the trainers
+        self.waiting = None
         # as the engine's ranks agreed at this boundary: a signal, an error, (free loads) the next version is there
         self.stopped, self.error, self.arrived = False, None, False
         self.began = time.perf_counter()  # when the loop began this step boundary (serve)
@@ -137,9 +140,14 @@ class Engine:
                 if self.complete(self.handed + 1) or self.stopped or self.error:
                     self.hand_over(self.handed + 1)
                     continue
+            elif self.early.due(self):  # next exchange: batch handed + 1, before the load of version handed
+                self.early.give(self, self.handed + 1)
+                continue
             elif self.load_due():  # next exchange: load version handed
                 self.load(self.handed)
                 continue
+            if self.early.tell_due(self):
+                self.early.tell(self)
             self.admit()
             self.step()
         self.turns.close()
@@ -194,6 +202,8 @@ class Engine:
             else:
                 self.turns.finished(rid, sample)
         took = time.perf_counter() - t0
+        self.early.ran[0] += 1
+        self.early.ran[1] += took
         self.clock["steps"] += 1
         self.clock["running"] += running
         self.clock["held"] += held
@@ -204,15 +214,40 @@ class Engine:
     # ---- the exchanges ----
 
     def hand_over(self, b: int) -> None:
-        """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint."""
-        share, groups = None, list(range(self.P * (b - 1), self.P * b))
+        """Batch b (scored) to the trainers; a signal seen by any rank ends the run here with a checkpoint. Given
+        early (`give`), the trainers hold it already: the engine lets go of it here, with no exchange."""
+        groups = list(range(self.P * (b - 1), self.P * b))
+        if self.early.given >= b:
+            messages, tokens = [], self.early.tokens
+        else:
+            messages = self.send(b, groups)
+            if messages[0]["batch"] is None:  # not handed over: a signal ended the engine's batch early
+                if any(m["stop"] for m in messages):
+                    self.stopping(b - 1)
+                return
+            # the batch's tokens, every engine's share (auto's budget grows with them: rlcore/modes/stream/lag.py)
+            tokens = sum(int(m["batch"].attention_mask.sum()) for m in messages if m.get("batch") is not None)
+            self.early.given = b
+        for g in groups:  # handed over: let go of it
+            del self.turns.done[g]
+            del self.rows[g]
+        self.handed = b
+        self.lag.handed(self.turns.tick, tokens)
+        if (self.run.cfg.rollout.free_loads or self.early.on) and self.lead:
+            self.waiting = listen(self.link.ready, self.link.leader)
+        if any(m["stop"] for m in messages):
+            self.stopping(b - 1)
+
+    def send(self, b: int, groups: list[int]) -> list[dict]:
+        """The hand-over's exchange: batch b (every engine's share, or none), errors, signals, the probe."""
+        share = None
         error = self.error or self.turns.error  # the lead's own: a group scored since the agreement may have failed
         if self.lead:
             ready = self.complete(b) and error is None
             if self.E > 1:  # every engine's share of batch b, or none: their first ranks agree
                 ready = all(gather(ready, self.link.leads, self.E))
             if ready:
-                share, self.pending[b] = self.turns.batch(groups, self.G, self.link.leads or ALONE)
+                share, self.pending[b] = self.turns.batch(groups, self.G, b - 1, self.link.leads or ALONE)
                 error = self.turns.error  # the batch itself may stop the run (all its agents failed): not handed over
                 share = share if error is None else None
             if b == 1 and share is not None and dist.get_rank() == 0:
@@ -224,31 +259,21 @@ class Engine:
             raise RunError(error_in(messages))
         self.probe = messages[0]["probe"]
         self.loop.state = trainers_state(self.run, messages)
-        if messages[0]["batch"] is not None:  # handed over (every engine's share): let go of it
-            if not self.lead:
-                self.pending[b] = {}
-                for g in groups:
-                    del self.turns.done[g]
-            for g in groups:
-                del self.rows[g]
-            self.handed = b
-            # the batch's tokens, every engine's share (auto's budget grows with them: rlcore/modes/stream/lag.py)
-            self.lag.handed(self.turns.tick, sum(int(m["batch"].attention_mask.sum()) for m in messages
-                                                 if m.get("batch") is not None))
-            if self.run.cfg.rollout.free_loads and self.lead:
-                self.waiting = listen(self.link)
-        if any(m["stop"] for m in messages):
-            self.stopping(b - 1)
+        if not self.lead and messages[0]["batch"] is not None:
+            self.pending[b] = {}
+        return messages
 
     def load(self, v: int) -> None:
         """Version v into the engine between two steps; the probe; the log line of step v; the control exchange."""
         run, t0 = self.run, time.perf_counter()
         # what the load costs the requests in flight: each is prefilled again, its prompt and tokens so far
         lag, flying = self.lag.at_load(self.turns.tick, self.waits()), bool(self.turns.flying)
-        recomputed = run.engine.in_flight_tokens()
+        recomputed, early = run.engine.in_flight_tokens(), self.early.early(v)
         if self.waiting is not None:
             self.waiting.wait()
             self.waiting = None
+        if self.early.on:
+            self.early.call(self, v)
         header = receive_weights(run, self.link)
         if header.get("error"):
             raise RunError(header["error"])
@@ -268,7 +293,8 @@ class Engine:
         metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
             "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v,
             "time/sync_s": header["receive_s"], "sync/gb": header["receive_bytes"] / 1e9,
-            "stream/recomputed_tokens": recomputed} | self.lag.metrics(*lag) | self.loop.plan_metrics()
+            "stream/recomputed_tokens": recomputed, "stream/early_handover": int(early)} | self.lag.metrics(*lag) \
+            | self.loop.plan_metrics()
         error = self.error or self.turns.error  # the lead's own since the agreement too (the ranks agree below)
         if self.stopped:  # the run ends after this step: the eval below must find the engine empty
             self.drop()
@@ -352,19 +378,6 @@ def gather(mine, group, size: int) -> list:
     return parts
 
 
-def listen(link: Link) -> threading.Event:
-    """rollout.free_loads: set once the trainers say the next version waits. A thread receives it: gloo's
-    irecv only completes inside wait(), so polling it from the engine loop would never see it."""
-    arrived = threading.Event()
-
-    def receive() -> None:
-        dist.recv(torch.zeros(1, dtype=torch.long), src=link.leader, group=link.ready)
-        arrived.set()
-
-    threading.Thread(target=receive, name="rlcore-free-loads", daemon=True).start()
-    return arrived
-
-
 def generate_side(run: Run, link: Link, loop: Loop) -> dict:
     """Ranks [0, R): this rank's streaming engine (after the resume, or the start-of-run eval), then the loop."""
     engine = Engine(run, link, loop)
@@ -372,7 +385,8 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
     if run.resume_from is not None:
         engine.restore(own_state(run))
         receive_weights(run, link)  # the checkpointed weights (logged already)
-        if run.cfg.rollout.free_loads and engine.lead and engine.handed > run.engine.version:
-            engine.waiting = listen(link)  # stopped after handing batch `handed` over: its version is told next
+        if (run.cfg.rollout.free_loads or engine.early.on) and engine.lead and engine.handed > run.engine.version:
+            engine.waiting = listen(link.ready, link.leader)  # stopped after handing batch `handed` over: told next
+        engine.early.given = engine.handed
     engine.clock["t"] = time.perf_counter()
     return engine.serve()

@@ -100,6 +100,16 @@ class LoadLag:
         blocked margin."""
         return self.spent >= self.budget() or (blocked and self.early is not None and self.spent >= self.budget(True))
 
+    def left_ns(self, blocked: bool, step_ns: int) -> int | None:
+        """What is left of this version's lag before `due`, in nanoseconds of predicted engine time (a lag in steps:
+        its steps left x step_ns); None while auto measures (the load comes at the earliest point)."""
+        if self.cost is None:
+            return None
+        left = self.budget() - self.spent
+        if blocked and self.early is not None:
+            left = min(left, self.budget(True) - self.spent)
+        return left * step_ns if self.in_steps else left
+
     def budget(self, blocked: bool = False) -> int:
         """This version's lag: a fixed one's steps; auto's budget (at load_lag_margin_blocked once something waits for
         the version: `blocked`), scaled up by the batch's tokens over ref's."""

@@ -7,13 +7,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import RunError, all_max, all_sum
 from rlcore.modes.offpolicy import my_slice, own_state, probe_logprobs, train_step, trainers_state
-from rlcore.modes.transfer import Link, error_in, exchange, send_weights
+from rlcore.modes.transfer import Link, error_in, exchange, listen, send_weights, tell
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -35,8 +34,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         finally:
             idle["wait_s"] += time.perf_counter() - t0
 
-    def agree(mine: dict) -> list[dict]:
-        messages = exchange(link, mine | {"error": None, "stop": loop.stop.received,
+    def agree(mine: dict, error: str | None = None) -> list[dict]:
+        messages = exchange(link, mine | {"error": error, "stop": loop.stop.received,
                                           "loop": loop.state if leader else None})
         if error_in(messages):
             raise RunError(error_in(messages))
@@ -65,6 +64,31 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         if stopping:
             raise loop.preempted(t, path)
 
+    # rollout.early_handover: the version the engine has not loaded yet while the trainers hold the next batch, and
+    # (first trainer rank) the event set once the engine says it is at that load point
+    early, pending = link.calls is not None, {}
+    gaps = {"last": 0.0, "max": 0.0}  # early: this step's longest time between two polls (the engine tells us that early)
+
+    def poll(final: bool) -> None:
+        """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll):
+        join its load once the engine says it is there (every trainer rank agrees on the first rank's word), and
+        before the step changes a weight in any case. The engine gives a batch early only when that load needs no
+        checkpoint, eval or export. What stops the run there is not this step's error: it leaves the loop."""
+        now = time.perf_counter()
+        gaps.update(max=max(gaps["max"], now - gaps["last"]), last=now)
+        heard = pending.get("heard")
+        if not pending or not (final or all_max(int(heard is not None and heard.is_set()))):
+            return
+        t, header = pending["t"], pending["header"]
+        pending.clear()
+        try:
+            waiting(agree, {})  # the engine's call for the load of version t
+            waiting(send_weights, run, link, header)
+            control(t)
+        except RunError as e:
+            raise LoadFailed(e) from e
+        gaps["last"] = time.perf_counter()  # the load is not a micro-batch
+
     start = loop.begin(run.trained_models())
     if run.resume_from is not None:
         state = own_state(run)
@@ -74,13 +98,26 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     else:
         batch = waiting(take, 1)
     for t in range(start + 1, steps + 1):
-        error, metrics, t0 = None, {}, time.perf_counter()
+        error, metrics, t0, waited = None, {}, time.perf_counter(), idle["wait_s"]
+        run.trainer.poll = poll if early else None
+        gaps.update(last=t0, max=0.0)
         try:
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
             loop.count(t, metrics)
             loop.check_skipped(t)
+        except LoadFailed as e:  # at the load of the version before: every rank stops there
+            raise e.error
         except RunError as e:  # the engine must hear of it before every rank stops
             error = str(e)
+        finally:
+            run.trainer.poll = None
+        try:
+            poll(final=True)  # a version still not loaded (a step with no optimizer step, or an error in it)
+        except LoadFailed as e:
+            raise e.error
+        served = idle["wait_s"] - waited  # the version before's load, joined inside this step: not its work
+        if "time/step_s" in metrics:
+            metrics["time/step_s"] -= served
         probed = probe_logprobs(run, probe) if error is None else None
         now = time.perf_counter()
         # the wait before this step (the previous version's load point and transfer, the hand-over of this batch)
@@ -88,20 +125,38 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
                     "throughput/trainer_idle_share": idle["wait_s"] / max(now - idle["since"], 1e-9)}
         idle.update(wait_s=0.0, since=now)
         # ready_s: from taking the batch to the version ready to send (rollout.load_lag_steps=auto measures it)
-        header = {"version": t, "metrics": metrics, "error": error, "probe": probed, "ready_s": now - t0}
-        # rollout.free_loads: the engine hears that version t waits and loads it at its next step boundary
-        told = [dist.isend(torch.tensor([t]), dst=lead, group=link.ready) for lead in leads] \
-            if link.ready is not None and leader else []
+        header = {"version": t, "metrics": metrics, "error": error, "probe": probed, "ready_s": now - t0 - served}
+        # free loads: the engine hears that version t waits and loads it at its next step boundary; early hand-over:
+        # that the trainers are done with step t, and it may give them batch t + 1 before it loads version t
+        # (early: with this step's longest time between two micro-batches, in microseconds, over every trainer rank)
+        said = round(all_max(gaps["max"]) * 1e6) if early else t
+        told = [tell(link.ready, lead, said) for lead in leads] if link.ready is not None and leader else []
+        if early:
+            call = waiting(agree, {}, error)  # the engine's next exchange: batch t + 1, or the load of version t
+            if call[0]["next"] == "batch":
+                for sent in told:
+                    sent.wait()
+                batch = my_slice(run, call, [call[0]["batch"]])
+                pending.update(t=t, header=header, heard=listen(link.calls, leads[0]) if leader else None)
+                continue
         waiting(send_weights, run, link, header)
         for sent in told:
             sent.wait()
         if error:
             raise RunError(error)
         control(t)
-        if t < steps:
-            batch = waiting(take, t + 1)
         if loop.export_due(t):
             loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
+        if t < steps:
+            batch = waiting(take, t + 1)
+
+
+class LoadFailed(Exception):
+    """A RunError at a load the trainers joined between two micro-batches: not their step's own error."""
+
+    def __init__(self, error: RunError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def token_staleness(batch: Batch, t: int) -> dict[str, float]:

@@ -226,15 +226,17 @@ class Turns:
         return {"trajs": trajs, "rewards": rewards, "parts": parts, "tools": tools,
                 "reward_s": time.perf_counter() - t}
 
-    def batch(self, groups: list[int], size: int, leads=ALONE) -> tuple[Batch, dict]:
+    def batch(self, groups: list[int], size: int, version: int, leads=ALONE) -> tuple[Batch, dict]:
         """These finished groups, in this order, as this engine's share of the trainers' Batch: rewards, and each
-        token's version. Its metrics are summed over `leads` (several engines: their first ranks, each handing
-        its share of the same batch over; rlcore/modes/stream/engine_side.py), as split sums them over its rollout ranks."""
+        token's version (`version` for a trajectory that sampled nothing: the engine's at the hand-over). Its metrics
+        are summed over `leads` (several engines: their first ranks, each handing its share of the same batch over;
+        rlcore/modes/stream/engine_side.py), as split sums them over its rollout ranks. The groups stay in `done`
+        until the engine lets go of them."""
         with scoped(leads):
-            return self._batch(groups, size)
+            return self._batch(groups, size, version)
 
-    def _batch(self, groups: list[int], size: int) -> tuple[Batch, dict]:
-        run, parts = self.run, [self.done.pop(g) for g in groups]
+    def _batch(self, groups: list[int], size: int, version: int) -> tuple[Batch, dict]:
+        run, parts = self.run, [self.done[g] for g in groups]
         trajs = [x for p in parts for x in p["trajs"]]
         batch = to_batch(trajs, pad_id(run.tokenizer), size, run.rollout.model_budget)
         batch.rewards = torch.cat([p["rewards"] for p in parts])
@@ -243,7 +245,7 @@ class Turns:
             at = [len(x.prompt_ids) - 1 + t for t, s in enumerate(x.sampled) if s]  # position t scores t + 1
             batch.token_versions[i, at] = torch.tensor(x.versions, dtype=torch.long)
         # a trajectory that sampled nothing (its reset failed or timed out) is as new as the batch
-        batch.versions = torch.tensor([min(x.versions, default=run.engine.version) for x in trajs],
+        batch.versions = torch.tensor([min(x.versions, default=version) for x in trajs],
                                       dtype=torch.long)  # [B]
         rewards, names = batch.rewards.double(), sorted(parts[0]["parts"]) if len(parts[0]["parts"]) > 1 else []
         n, r_sum, r_sq, generated, *part_sums = all_sum(

@@ -1,0 +1,92 @@
+"""Streaming's early hand-over, the engine's side (rollout.early_handover; the design is in
+rlcore/modes/stream/__init__.py's docstring, the trainers' side in trainer_side.py). Where the next batch is complete
+before the engine loads the version the trainers' last step made, the trainers would wait out the lag: the engine
+gives them that batch first (`give`), tells them to come to its load point one micro-batch of theirs before it is
+predicted (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes what the engine
+decides: the load points, the tokens and every number are the ones without it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rlcore.distributed.collectives import RunError
+from rlcore.modes.offpolicy import trainers_state
+from rlcore.modes.transfer import Link, error_in, exchange, tell
+
+if TYPE_CHECKING:
+    from rlcore.modes.stream.engine_side import Engine
+
+
+class EarlyHandover:
+    """What an engine keeps for the early hand-over: the last batch given to the trainers (beyond the one handed over
+    while the load of `handed` is due), its tokens, the trainers' longest time between two micro-batches as they last
+    said it, whether they were told to come, and the engine's steps and their seconds (a fixed lag, in time)."""
+
+    def __init__(self, link: Link):
+        self.on = link.calls is not None  # one engine, deterministic loads (rlcore/modes/stream/__init__.py)
+        self.given, self.tokens, self.gap_ns, self.told = 0, 0, 0, None
+        self.ran = [0, 0.0]
+
+    def early(self, handed: int) -> bool:
+        """The trainers hold batch handed + 1 already."""
+        return self.given > handed
+
+    def due(self, e: Engine) -> bool:
+        """The trainers said they are done with step `handed`, batch handed + 1 is complete, and the load of `handed`
+        needs nothing of theirs but the version (no checkpoint, eval or export at it, no stop, no error)."""
+        v = e.handed
+        return (self.on and self.given == v and e.arrived and v < e.steps and e.complete(v + 1)
+                and not (e.stopped or e.error or e.turns.error or e.draining() or e.evals(v)
+                         or e.loop.save_due(v) or e.loop.export_due(v)))
+
+    def give(self, e: Engine, b: int) -> None:
+        """Batch b to the trainers, who are done with step b - 1, before version b - 1 loads: they start step b with
+        it and send version b - 1 at the engine's load point. Its groups stay the engine's until the hand-over proper
+        (Engine.hand_over lets go of them), so a checkpoint before it keeps them. A batch whose agents failed is not
+        given: the trainers wait for the load, whose control exchange stops the run."""
+        groups, share = list(range(e.P * (b - 1), e.P * b)), None
+        if e.lead:
+            share, e.pending[b] = e.turns.batch(groups, e.G, b - 1)
+        failed = e.turns.error is not None
+        if e.run.dims.tp > 1:
+            from rlcore.modes.stream.engine_side import gather
+            failed = any(gather(failed, e.run.rollout.tp_group, e.run.dims.tp))
+        if failed:
+            e.pending.pop(b, None)
+            return
+        messages = exchange(e.link, {"next": "batch", "batch": share, "error": None, "stop": False,
+                                     "loop": e.loop.state})
+        if error_in(messages):
+            raise RunError(error_in(messages))
+        e.loop.state = trainers_state(e.run, messages)
+        if e.lead:
+            self.gap_ns = 1000 * (e.waiting.number or 0)  # microseconds, in the trainers' "done" signal
+        else:
+            e.pending[b] = {}
+        self.given, self.told, e.waiting = b, None, None
+        self.tokens = sum(int(m["batch"].attention_mask.sum()) for m in messages if m.get("batch") is not None)
+
+    def tell_due(self, e: Engine) -> bool:
+        """The trainers hold the next batch and the load point of version `handed` is predicted within their longest
+        time between two micro-batches: they come to it now and wait there (at most that long), rather than the
+        engine waiting, frozen, for the micro-batch they are in. The lead tells them; when does not change what the
+        engine does."""
+        if not (e.lead and self.early(e.handed) and self.told is None):
+            return False
+        left = e.lag.left_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
+        return left is not None and left <= self.gap_ns
+
+    def tell(self, e: Engine) -> None:
+        self.told = tell(e.link.calls, e.link.leader, e.handed)
+
+    def call(self, e: Engine, v: int) -> None:
+        """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
+        had one, stops every rank here), or, holding batch v + 1, between two of its micro-batches once told."""
+        told = self.told or (tell(e.link.calls, e.link.leader, v) if self.early(v) and e.lead else None)
+        self.told = None
+        messages = exchange(e.link, {"next": "load", "error": None, "stop": False, "loop": e.loop.state})
+        if told is not None:
+            told.wait()
+        if error_in(messages):
+            raise RunError(error_in(messages))
+        e.loop.state = trainers_state(e.run, messages)
