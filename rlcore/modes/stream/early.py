@@ -7,14 +7,11 @@ decides: the load points, the tokens and every number are the ones without it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rlcore.distributed.collectives import RunError
 from rlcore.modes.offpolicy import trainers_state
 from rlcore.modes.transfer import Link, error_in, exchange, tell
 
-if TYPE_CHECKING:
-    from rlcore.modes.stream.engine_side import Engine
+# Each method takes `e`, the Engine it serves (rlcore/modes/stream/engine_side.py, which imports this file).
 
 
 class EarlyHandover:
@@ -31,7 +28,7 @@ class EarlyHandover:
         """The trainers hold batch handed + 1 already."""
         return self.given > handed
 
-    def due(self, e: Engine) -> bool:
+    def due(self, e) -> bool:
         """The trainers said they are done with step `handed`, batch handed + 1 is complete, and the load of `handed`
         needs nothing of theirs but the version (no checkpoint, eval or export at it, no stop, no error)."""
         v = e.handed
@@ -39,7 +36,7 @@ class EarlyHandover:
                 and not (e.stopped or e.error or e.turns.error or e.draining() or e.evals(v)
                          or e.loop.save_due(v) or e.loop.export_due(v)))
 
-    def give(self, e: Engine, b: int) -> None:
+    def give(self, e, b: int) -> None:
         """Batch b to the trainers, who are done with step b - 1, before version b - 1 loads: they start step b with
         it and send version b - 1 at the engine's load point. Its groups stay the engine's until the hand-over proper
         (Engine.hand_over lets go of them), so a checkpoint before it keeps them. A batch whose agents failed is not
@@ -47,11 +44,7 @@ class EarlyHandover:
         groups, share = list(range(e.P * (b - 1), e.P * b)), None
         if e.lead:
             share, e.pending[b] = e.turns.batch(groups, e.G, b - 1)
-        failed = e.turns.error is not None
-        if e.run.dims.tp > 1:
-            from rlcore.modes.stream.engine_side import gather
-            failed = any(gather(failed, e.run.rollout.tp_group, e.run.dims.tp))
-        if failed:
+        if e.any_rank(e.turns.error is not None):
             e.pending.pop(b, None)
             return
         messages = exchange(e.link, {"next": "batch", "batch": share, "error": None, "stop": False,
@@ -66,7 +59,7 @@ class EarlyHandover:
         self.given, self.told, e.waiting = b, None, None
         self.tokens = sum(int(m["batch"].attention_mask.sum()) for m in messages if m.get("batch") is not None)
 
-    def tell_due(self, e: Engine) -> bool:
+    def tell_due(self, e) -> bool:
         """The trainers hold the next batch and the load point of version `handed` is predicted within their longest
         time between two micro-batches: they come to it now and wait there (at most that long), rather than the
         engine waiting, frozen, for the micro-batch they are in. The lead tells them; when does not change what the
@@ -76,10 +69,10 @@ class EarlyHandover:
         left = e.lag.left_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
         return left is not None and left <= self.gap_ns
 
-    def tell(self, e: Engine) -> None:
+    def tell(self, e) -> None:
         self.told = tell(e.link.calls, e.link.leader, e.handed)
 
-    def call(self, e: Engine, v: int) -> None:
+    def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
         had one, stops every rank here), or, holding batch v + 1, between two of its micro-batches once told."""
         told = self.told or (tell(e.link.calls, e.link.leader, v) if self.early(v) and e.lead else None)

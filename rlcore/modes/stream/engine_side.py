@@ -171,6 +171,10 @@ class Engine:
         self.turns.error = self.turns.error or error
         self.turns.join(answers, late)
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on any rank of this engine (a collective over them with tensor parallelism)."""
+        return any(gather(flag, self.run.rollout.tp_group, self.run.dims.tp)) if self.run.dims.tp > 1 else flag
+
     def admit(self) -> None:
         """Trajectories in order while there is room and each may start (`may_start`)."""
         while (s := self.next_with_room()) is not None and self.may_start(s):
