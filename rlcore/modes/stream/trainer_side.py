@@ -145,10 +145,10 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         if error:
             raise RunError(error)
         control(t)
-        if loop.export_due(t):
-            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
         if t < steps:
             batch = waiting(take, t + 1)
+        if loop.export_due(t):
+            loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
 
 
 class LoadFailed(Exception):
