@@ -72,7 +72,7 @@ import torch.distributed as dist  # noqa: E402
 from rlcore.config import help as config_help  # noqa: E402
 from rlcore.config.cli import parse_argv  # noqa: E402
 from rlcore.distributed import watchdog  # noqa: E402
-from rlcore.distributed.collectives import Preempted, RunError  # noqa: E402
+from rlcore.distributed.collectives import PeerGone, Preempted, RunError  # noqa: E402
 from rlcore.outputs.checkpoint import RunComplete  # noqa: E402
 from rlcore.preflight import plan  # noqa: E402
 from rlcore.preflight.checks import InputError  # noqa: E402
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> int:
         line = f"rlcore: {'stopped' if isinstance(e, Preempted) else 'error'}: {e}"
         # An error every rank raised together (agreed in a collective, or found before the ranks connect) is
         # said once, by rank 0; one only this rank saw is said by it.
-        together = isinstance(e, (RunError, InputError))  # raised by every rank at the same point
+        together = isinstance(e, (RunError, InputError)) and not isinstance(e, PeerGone)  # every rank, one point
         every_rank_has_it = together or not dist.is_initialized()
         if rank == 0 or not every_rank_has_it:
             print(line, file=sys.stderr, flush=True)

@@ -545,7 +545,8 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     """k=1, each version loaded 3 engine steps after its batch's hand-over (rollout.load_lag_steps=3), checkpoints
     every 2 steps, an export every step. Run A's trainer sleeps 0.3 s a step: the engine waits at its loads, frozen
     with its requests in flight, and says so (throughput/frozen_share, time/weights_wait_s); run B's engine sleeps
-    0.05 s a step (the trainer waits for batches), and its trainer rank is killed in step 3 and resumed from step 2.
+    0.05 s a step (the trainer waits for batches), and its trainer rank is killed in step 3 (the engine rank stops
+    by itself at once, naming the rank it lost) and resumed from step 2.
     A and B log the same numbers and export the same bytes: versions load at engine steps fixed by the data and
     the lag, not by arrival; a load under requests in flight is at the lag exactly. Every token is at most k=1 version old, samples span
     versions, and +30 points. Batch 2's tokens (versions 0 and 1) match an engine holding the version each is
@@ -571,6 +572,10 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     proc = torchrun(WORKERS / "stream_worker.py", *run, f"output_dir={tmp_path / 'b'}",
                     env={"SLOW": "engine:0.05", "KILL_RANK": "1", "KILL_AT_STEP": "3"})
     assert proc.returncode != 0 and -9 in rank_exit_codes(proc), proc.stderr[-4000:]
+    # the engine rank stops by itself at once (exit 3, or the launcher's SIGTERM in its exit), not waiting for a
+    # signal from the dead rank until the launcher's SIGKILL 30 s after its SIGTERM
+    assert "rlcore: error: rank 1 is gone: its connection closed before it sent its signal" in proc.stderr
+    assert "forcefully exiting via 9" not in proc.stderr
     proc = train_warm(*run, f"output_dir={tmp_path / 'b'}", "resume=auto")
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "resume: continuing after step 2" in proc.stdout

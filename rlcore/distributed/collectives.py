@@ -26,6 +26,11 @@ class RunError(RuntimeError):
     """The run must stop (every rank raises it together, with the same one-line message)."""
 
 
+class PeerGone(RunError):
+    """This rank's alone: a rank it waited for has died (its connection closed). It stops with the line at once; the
+    others stop by their own errors or by the launcher's signal, so it leaves without waiting for them."""
+
+
 class Preempted(RunError):
     """SIGTERM / SIGUSR1: every rank finished the step and a checkpoint was written; requeue to continue."""
 

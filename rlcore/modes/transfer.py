@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlcore.distributed import watchdog
+from rlcore.distributed.collectives import PeerGone
 from rlcore.distributed.parallel import device_type, new_group
 from rlcore.models.weights import checkpoint_units
 
@@ -126,16 +127,29 @@ def listen(group, src: int) -> threading.Event:
     Link.ready; the engine's "come to my load point" to the trainers, Link.calls). A thread receives it: gloo's irecv
     only completes inside wait(), so polling it from a loop would never see it."""
     arrived = threading.Event()
-    arrived.number = None
+    arrived.number, arrived.error = None, None
 
     def receive() -> None:
         number = torch.zeros(1, dtype=torch.long)
-        dist.recv(number, src=src, group=group)
-        arrived.number = int(number)
+        try:
+            dist.recv(number, src=src, group=group)
+            arrived.number = int(number)
+        except Exception as e:  # src's process is gone: whoever waits for the number hears that, not nothing
+            said = str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # gloo: "[file:line] Connection closed..."
+            arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said})"
         arrived.set()
 
     threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True).start()
     return arrived
+
+
+def received(arrived: threading.Event) -> int:
+    """The number `listen` received, once it has; PeerGone if the receive failed (the sender's process died: this
+    rank stops with that line instead of waiting for a signal that cannot come)."""
+    arrived.wait()
+    if arrived.error is not None:
+        raise PeerGone(arrived.error)
+    return arrived.number
 
 
 def tell(group, dst: int, number: int):

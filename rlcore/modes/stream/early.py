@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlcore.distributed.collectives import RunError
 from rlcore.modes.offpolicy import trainers_state
-from rlcore.modes.transfer import Link, error_in, exchange, tell
+from rlcore.modes.transfer import Link, error_in, exchange, received, tell
 
 # Each method takes `e`, the Engine it serves (rlcore/modes/stream/engine_side.py, which imports this file).
 
@@ -53,7 +53,7 @@ class EarlyHandover:
             raise RunError(error_in(messages))
         e.loop.state = trainers_state(e.run, messages)
         if e.lead:
-            self.gap_ns = 1000 * (e.waiting.number or 0)  # microseconds, in the trainers' "done" signal
+            self.gap_ns = 1000 * received(e.waiting)  # microseconds, in the trainers' "done" signal
         else:
             e.pending[b] = {}
         self.given, self.told, e.waiting = b, None, None

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from rlcore.distributed import watchdog
-from rlcore.distributed.collectives import ALONE, RunError, all_max, first_error
+from rlcore.distributed.collectives import ALONE, PeerGone, RunError, all_max, first_error
 from rlcore.modes.offpolicy import PROBE_ROWS, own_state, probe_gaps, trainers_state
 from rlcore.modes.stream.agents import AgentTurns
 from rlcore.modes.stream.early import EarlyHandover
 from rlcore.modes.stream.lag import LoadLag
 from rlcore.modes.stream.turns import Turns
-from rlcore.modes.transfer import Link, exchange, error_in, listen, receive_weights
+from rlcore.modes.transfer import Link, exchange, error_in, listen, receive_weights, received
 from rlcore.rollout.collect import rollout_seed
 from rlcore.train.logprobs import drift_error
 
@@ -162,11 +162,14 @@ class Engine:
         answers, late = self.turns.ready()
         stopped, error = self.stop.received, self.turns.error
         arrived = self.waiting is not None and self.waiting.is_set()
+        gone = self.waiting.error if arrived else None  # the lead's listener lost the trainers' first rank
         if self.run.dims.tp > 1:
-            parts = gather((answers, late, stopped, error, arrived), self.run.rollout.tp_group, self.run.dims.tp)
+            parts = gather((answers, late, stopped, error, arrived, gone), self.run.rollout.tp_group, self.run.dims.tp)
             answers = {key: a for part in parts for key, a in part[0].items()}
-            late, stopped, arrived = parts[0][1], any(p[2] for p in parts), parts[0][4]
+            late, stopped, arrived, gone = parts[0][1], any(p[2] for p in parts), parts[0][4], parts[0][5]
             error = next((p[3] for p in parts if p[3]), None)
+        if gone is not None:
+            raise PeerGone(gone)
         self.stopped, self.error, self.arrived = stopped, error, arrived
         self.turns.error = self.turns.error or error
         self.turns.join(answers, late)
@@ -274,7 +277,7 @@ class Engine:
         lag, flying = self.lag.at_load(self.turns.tick, self.waits()), bool(self.turns.flying)
         recomputed, early = run.engine.in_flight_tokens(), self.early.early(v)
         if self.waiting is not None:
-            self.waiting.wait()
+            received(self.waiting)
             self.waiting = None
         if self.early.on:
             self.early.call(self, v)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import RunError, all_max, all_sum
 from rlcore.modes.offpolicy import my_slice, own_state, probe_logprobs, train_step, trainers_state
-from rlcore.modes.transfer import Link, error_in, exchange, listen, send_weights, tell
+from rlcore.modes.transfer import Link, error_in, exchange, listen, received, send_weights, tell
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -82,6 +82,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         t, header = pending["t"], pending["header"]
         pending.clear()
         try:
+            if heard is not None and heard.is_set():
+                received(heard)  # the engine's lead is gone: stop here, not in the load's exchange
             waiting(agree, {})  # the engine's call for the load of version t
             waiting(send_weights, run, link, header)
             control(t)
