@@ -39,7 +39,19 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
            str(script), *map(str, args)]
     inherited = {k: v for k, v in os.environ.items() if k not in IMPORT_SET}
     full_env = inherited | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | (env or {})
-    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+    log_launch("fresh", nproc, t0, proc.returncode)
+    return proc
+
+
+def log_launch(kind: str, nproc: int, t0: float, code: int) -> None:
+    """With RLCORE_LAUNCH_LOG=FILE, one JSON line per launch of the slow tier (the test, "fresh" / "shared start" /
+    "shared", ranks, seconds, exit code): where the suite's time goes (benchmarks/RESULTS.md, the suite sections)."""
+    if os.environ.get("RLCORE_LAUNCH_LOG"):
+        with open(os.environ["RLCORE_LAUNCH_LOG"], "a") as f:
+            f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "kind": kind, "nproc": nproc,
+                                "s": round(time.perf_counter() - t0, 2), "code": code}) + "\n")
 
 
 def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | None = None):
@@ -83,8 +95,15 @@ class RunServer:
         """As train_cmd(*overrides, env=env), or torchrun(script, *overrides, env=env): the ranks' stdout and stderr,
         returncode 0 when every rank exits 0 (else the first non-zero rank's code; -9 when the job died or ran past
         `timeout`, and was killed)."""
+        t0, kind = time.perf_counter(), "shared"
         if self.proc is None or self.proc.poll() is not None:
             self.start()
+            kind = "shared start"
+        proc = self.run(overrides, timeout, env, script)
+        log_launch(kind, self.nproc, t0, proc.returncode)
+        return proc
+
+    def run(self, overrides, timeout: int, env: dict | None, script: Path | None) -> subprocess.CompletedProcess:
         n, self.n = self.n, self.n + 1
         self.request(n, {"argv": [str(a) for a in overrides], "env": env or {}, "port": free_port()}
                      | ({"script": str(script)} if script else {}))

@@ -583,14 +583,14 @@ def test_stream_is_deterministic_exact_per_token_and_resumes(tmp_path):
     weights = "hf/step_6/model.safetensors"
     assert (tmp_path / "b" / "demo" / weights).read_bytes() == (tmp_path / "a" / "demo" / weights).read_bytes()
     # The finished run started again: nothing to do, one line, exit 0 (main waited here until killed).
-    proc = torchrun(ROOT / "launch" / "train.py", *run, f"output_dir={tmp_path / 'b'}", "resume=auto", timeout=120)
+    proc = train_warm(*run, f"output_dir={tmp_path / 'b'}", "resume=auto", timeout=120)
     assert proc.returncode == 0 and "rlcore: run 'demo' is complete" in proc.stdout, proc.stderr[-4000:]
 
     from rlcore.tasks import tiny
     out = tmp_path / "scores.json"
-    subprocess.run([sys.executable, WORKERS / "stream_versions.py", tiny.model_dir(), tmp_path / "a" / "demo",
-                    tmp_path / "batches" / "batch_2.pt", out], check=True, cwd=ROOT, capture_output=True,
-                   env={"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    proc = torchrun_warm(WORKERS / "stream_versions.py", tiny.model_dir(), tmp_path / "a" / "demo",
+                         tmp_path / "batches" / "batch_2.pt", out, nproc=1)
+    assert proc.returncode == 0, proc.stderr[-4000:]
     scores, batch = json.loads(out.read_text()), torch.load(tmp_path / "batches" / "batch_2.pt")
     prefix = scores.pop("prefix")  # the same request's sampled logprobs (stream_versions.prefix_check)
 
