@@ -11,15 +11,13 @@ the same numbers and export the same bytes, and SIGTERM mid-run checkpoints, exi
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
+from conftest import ENGINE_BOUND, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
 from test_split import learned, metrics, split_config
 
 from rlcore.modes.stream.lag import LoadLag, step_cost, step_model
