@@ -41,17 +41,18 @@ def torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
     full_env = inherited | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)} | (env or {})
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    log_launch("fresh", nproc, t0, proc.returncode)
+    log_launch("fresh", nproc, t0, proc.returncode, forced="forcefully exiting via 9" in proc.stderr)
     return proc
 
 
-def log_launch(kind: str, nproc: int, t0: float, code: int) -> None:
+def log_launch(kind: str, nproc: int, t0: float, code: int, forced: bool = False) -> None:
     """With RLCORE_LAUNCH_LOG=FILE, one JSON line per launch of the slow tier (the test, "fresh" / "shared start" /
-    "shared", ranks, seconds, exit code): where the suite's time goes (benchmarks/RESULTS.md, the suite sections)."""
+    "shared", ranks, seconds, exit code, and whether torchrun had to SIGKILL a rank its SIGTERM did not stop, 30 s
+    later): where the suite's time goes (benchmarks/RESULTS.md, the suite sections)."""
     if os.environ.get("RLCORE_LAUNCH_LOG"):
         with open(os.environ["RLCORE_LAUNCH_LOG"], "a") as f:
             f.write(json.dumps({"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "kind": kind, "nproc": nproc,
-                                "s": round(time.perf_counter() - t0, 2), "code": code}) + "\n")
+                                "s": round(time.perf_counter() - t0, 2), "code": code, "forced": forced}) + "\n")
 
 
 def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | None = None):

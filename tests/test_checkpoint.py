@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_cmd, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -104,7 +104,7 @@ def test_full_disk_and_kill_in_save_then_resume_on_one_rank(tmp_path):
     assert saved["after_full_disk"] == ["step_1"]  # previous one intact, temporary gone
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [".step_2.tmp", "step_1"]
 
-    proc = torchrun(WORKERS / "ckpt_worker.py", "load", model, tmp_path, nproc=1, timeout=300)
+    proc = torchrun_warm(WORKERS / "ckpt_worker.py", "load", model, tmp_path, nproc=1, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((tmp_path / "load.json").read_text())
     assert r["path"] == str(tmp_path / "checkpoints" / "step_1") and r["loop"] == {"step": 1}
