@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from conftest import FP32_EPS, WORKERS, torchrun, torchrun_warm
+from conftest import FP32_EPS, WORKERS, torchrun_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.algorithms.objectives import AGG_MODES
@@ -22,8 +22,7 @@ def test_fsdp_gradient_equals_full_batch_gradient(tiny_models, tmp_path, ranks):
     with TIS weights), with the sharded policy's logprobs unchunked and chunked (models.token_logprobs applies the root unit's LM head
     outside the model's forward: its gradient must still be reduced)."""
     out = tmp_path / "grad.json"
-    launch = torchrun_warm if ranks == 2 else torchrun  # the shared launch has 2 ranks
-    proc = launch(WORKERS / "fsdp_grad_worker.py", tiny_models["qwen2"], out, nproc=ranks)
+    proc = torchrun_warm(WORKERS / "fsdp_grad_worker.py", tiny_models["qwen2"], out, nproc=ranks)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     for agg in AGG_MODES:
