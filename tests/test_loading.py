@@ -5,7 +5,7 @@ import json
 import pytest
 
 import archs
-from conftest import WORKERS, torchrun_warm
+from conftest import WORKERS, torchrun
 
 pytestmark = pytest.mark.slow  # a real torchrun launch: `make test-fast` leaves it out
 
@@ -18,7 +18,7 @@ def test_sharded_load_equals_whole_load_then_shard(tmp_path):
     saved critic, LoRA adapters on the meta base, an index of several files, uneven rows; a .bin checkpoint is
     loaded whole (the fallback), as it says."""
     out = tmp_path / "loading.json"
-    proc = torchrun_warm(WORKERS / "loading_worker.py", tmp_path, out)
+    proc = torchrun(WORKERS / "loading_worker.py", tmp_path, out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
     assert {case.split("/")[0] for case in r} == set(archs.ARCHS)
