@@ -18,6 +18,8 @@ def test_sharded_load_equals_whole_load_then_shard(tmp_path):
     saved critic, LoRA adapters on the meta base, an index of several files, uneven rows; a .bin checkpoint is
     loaded whole (the fallback), as it says."""
     out = tmp_path / "loading.json"
+    # A process of its own: where a vLLM engine served an architecture before (the shared launch), vLLM has wrapped
+    # transformers' model class in its compile decorator, and building it fails without a vLLM config (CI-like order).
     proc = torchrun(WORKERS / "loading_worker.py", tmp_path, out)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
