@@ -63,9 +63,11 @@ def train_cmd(*overrides: str, nproc: int = 2, timeout: int = 600, env: dict | N
 class RunServer:
     """The slow tier's shared launch: one torchrun job (tests/workers/run_server.py) that runs
     launch/train.py's main(argv) for run after run, each with its own process groups, engines and run folder.
-    For runs expected to exit 0 whose test reads their numbers and files, not the launch itself: a run that
-    fails ends the job (the next run starts a new one), and signals, kills, exit codes, crashes and startup
-    stay with train_cmd's fresh launches. `test_train.py` checks that a run here logs and exports what a fresh
+    For runs whose test reads their numbers, files, error lines and exit codes, not the launch itself. A run that
+    exits 0 keeps the job; so does one that stops with an error every rank raised together, once it left nothing
+    behind on any rank (tests/workers/run_server.py says what is checked). Any other failed run ends the job (the
+    next run starts a new one). Signals, kills, torchrun's own report, crashes and startup stay with train_cmd's
+    fresh launches. `test_train.py` checks that a run here logs and exports what a fresh
     launch does."""
 
     def __init__(self, nproc: int):
@@ -108,20 +110,31 @@ class RunServer:
         n, self.n = self.n, self.n + 1
         self.request(n, {"argv": [str(a) for a in overrides], "env": env or {}, "port": free_port()}
                      | ({"script": str(script)} if script else {}))
-        deadline, codes = time.monotonic() + timeout, {}
-        while len(codes) < self.nproc:
-            for rank in set(range(self.nproc)) - set(codes):
+        deadline, results = time.monotonic() + timeout, {}
+        while len(results) < self.nproc:
+            for rank in set(range(self.nproc)) - set(results):
                 res = self.folder / f"res-{n}-rank{rank}.json"
                 if res.exists():
-                    codes[rank] = json.loads(res.read_text())["code"]
-            if len(codes) < self.nproc and (self.proc.poll() is not None or time.monotonic() > deadline):
+                    results[rank] = json.loads(res.read_text())
+            if len(results) < self.nproc and (self.proc.poll() is not None or time.monotonic() > deadline):
                 self.kill()
                 break
             time.sleep(0.05)
+        codes = {rank: results[rank]["code"] if rank in results else -9 for rank in range(self.nproc)}
+        failed = [c for c in codes.values() if c != 0]
+        ended = failed and (len(results) < self.nproc or any(r["left"] for r in results.values()))
+        if ended:  # the job ends by itself (tests/workers/run_server.py): the next run starts a new one
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
         read = lambda kind: "".join(p.read_text() for p in sorted(self.folder.glob(f"{kind}-{n}-rank*.txt")))
-        failed = [c for c in (codes.get(rank, -9) for rank in range(self.nproc)) if c != 0]
-        return subprocess.CompletedProcess(["run_server", *map(str, overrides)], failed[0] if failed else 0,
-                                           read("out"), read("err") + (self.log() if failed else ""))
+        left = "".join(f"the shared launch ends: rank {rank} left behind {'; '.join(r['left'])}\n"
+                       for rank, r in sorted(results.items()) if ended and r["left"])
+        proc = subprocess.CompletedProcess(["run_server", *map(str, overrides)], failed[0] if failed else 0,
+                                           read("out"), read("err") + (left + self.log() if ended else ""))
+        proc.rank_codes = codes
+        return proc
 
     def log(self) -> str:
         return (self.folder / "torchrun.txt").read_text()[-4000:]
@@ -147,14 +160,15 @@ _runs: dict[int, RunServer] = {}
 
 def train_warm(*overrides: str, nproc: int = 2, timeout: int = 600,
                env: dict | None = None) -> subprocess.CompletedProcess:
-    """train_cmd in the shared launch of `nproc` ranks (RunServer): for a run that should exit 0."""
+    """train_cmd in the shared launch of `nproc` ranks (RunServer): for a run that exits 0, or that every rank stops
+    together (bad input, a run's own checks)."""
     return _runs.setdefault(nproc, RunServer(nproc)).train(*overrides, timeout=timeout, env=env)
 
 
 def torchrun_warm(script: str | Path, *args: str, nproc: int = 2, timeout: int = 600,
                   env: dict | None = None) -> subprocess.CompletedProcess:
-    """torchrun(script, *args) in the shared launch of `nproc` ranks: for a worker that should exit 0 (its process
-    groups and engines are left behind it by the shared launch, as by the end of a process)."""
+    """torchrun(script, *args) in the shared launch of `nproc` ranks, as train_warm (the process groups and engines a
+    worker leaves are shut by the shared launch, as by the end of a process; what it patches it puts back)."""
     return _runs.setdefault(nproc, RunServer(nproc)).train(*args, timeout=timeout, env=env, script=Path(script))
 
 
@@ -166,7 +180,10 @@ def free_port() -> int:
 
 def rank_exit_codes(proc: subprocess.CompletedProcess) -> set[int]:
     """Exit codes of the ranks that stopped by themselves, from torchrun's failure report (torchrun
-    itself exits 1). Ranks torchrun terminated once the first one exited (-15, SIGTERM) are left out."""
+    itself exits 1). Ranks torchrun terminated once the first one exited (-15, SIGTERM) are left out.
+    A run in the shared launch: the non-zero codes its ranks' main() returned (launch/train.py exits with them)."""
+    if hasattr(proc, "rank_codes"):
+        return set(proc.rank_codes.values()) - {0}
     return {int(m) for m in re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr)} - {-15}
 
 

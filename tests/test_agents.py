@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import ROOT, WORKERS, rank_exit_codes, torchrun_warm, train_cmd, train_warm
+from conftest import ROOT, WORKERS, rank_exit_codes, torchrun_warm, train_warm
 
 
 def recipe():
@@ -162,8 +162,8 @@ def test_a_run_whose_agents_all_fail_stops(tmp_path, mode):
     (tmp_path / "failing.py").write_text(FAILING)
     modes = {"split": ["rollout.ranks=1"],
              "stream": ["rollout.ranks=2", "rollout.stream=true", "rollout.max_staleness=1", "algorithm.tis_cap=2"]}
-    proc = train_cmd(f"recipe={tmp_path}/failing.py", "rollout.prompts_per_step=4", "train.steps=3",
-                     "data.eval_path=", f"output_dir={tmp_path}/runs", *modes[mode], nproc=3 if mode == "stream" else 2)
+    proc = train_warm(f"recipe={tmp_path}/failing.py", "rollout.prompts_per_step=4", "train.steps=3",
+                      "data.eval_path=", f"output_dir={tmp_path}/runs", *modes[mode], nproc=3 if mode == "stream" else 2)
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     says = ("rlcore: error: 32 of 32 trajectories' agents failed at step 1 (rollout.max_failed_frac=1); the first: "
             if mode == "split" else "rlcore: error: 32 of 32 trajectories' agents failed in a batch "

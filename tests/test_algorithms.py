@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from conftest import FP32_EPS, rank_exit_codes, train_cmd, train_warm
+from conftest import FP32_EPS, rank_exit_codes, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -87,8 +87,8 @@ def test_dynamic_sampling_that_cannot_fill_the_batch_stops(tmp_path):
     (exit 3 on every rank), not a hang, and logs no step."""
     reward = tmp_path / "const.py"
     reward.write_text("def reward(prompts, completions, **columns):\n    return [1.0] * len(prompts)\n")
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "data.eval_path=", f"rewards.0.fn={reward}:reward",
-                     "algorithm.dynamic_sampling=2", "rollout.prompts_per_step=8", "rollout.group_size=4")
+    proc = train_warm("recipe=demo", f"output_dir={tmp_path}", "data.eval_path=", f"rewards.0.fn={reward}:reward",
+                      "algorithm.dynamic_sampling=2", "rollout.prompts_per_step=8", "rollout.group_size=4")
     assert proc.returncode != 0 and rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert ("dynamic sampling kept 0 of the 4 prompt groups a rank needs after 3 draws at step 1 (every other "
             "group's rewards were all equal)") in proc.stderr

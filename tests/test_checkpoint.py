@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_cmd, train_warm
+from conftest import ENGINE_BOUND, ROOT, WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 
@@ -179,8 +179,8 @@ def test_non_finite_steps_are_skipped_and_stop_the_run(tmp_path):
     exported weights stay bit for bit, the engine keeps matching the trainer); the run stops at step 5."""
     recipe = tmp_path / "nan_grpo.py"
     recipe.write_text(f"ROOT = {str(ROOT)!r}\n" + NAN_RECIPE)
-    proc = train_cmd(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=6", "train.export_every=1",
-                     "train.max_skipped_steps=2", "optim.warmup_steps=0", *SMALL)
+    proc = train_warm(f"recipe={recipe}", f"output_dir={tmp_path}", "train.steps=6", "train.export_every=1",
+                      "train.max_skipped_steps=2", "optim.warmup_steps=0", *SMALL)
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert ("rlcore: error: 2 steps in a row had a non-finite loss or gradient (train.max_skipped_steps=2); "
             "stopped at step 5") in proc.stderr

@@ -5,7 +5,7 @@ in one warm process (conftest.EntryServer); the rest run under torchrun with 2 r
 """
 import pytest
 
-from conftest import rank_exit_codes, train_cmd
+from conftest import rank_exit_codes, train_warm
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def test_config_errors(python_train, args, expected, tmp_path):
 
 @pytest.mark.slow
 def test_tp_must_divide_world(tmp_path):
-    proc = train_cmd("recipe=demo", "rollout.tensor_parallel=3", f"output_dir={tmp_path}")
+    proc = train_warm("recipe=demo", "rollout.tensor_parallel=3", f"output_dir={tmp_path}")
     assert proc.returncode != 0
     assert "rollout.tensor_parallel=3 does not divide the world size 2; valid: [1, 2]" in error_line(proc)
 
@@ -116,7 +116,7 @@ def test_bad_reward_function_stops_before_the_update(tmp_path):
     a NaN or a non-number is the same RewardError on the same path; their one-line messages are unit-tested
     (tests/test_rewards.py::test_bad_reward_functions), so one real run stands for them."""
     (tmp_path / "bad_rewards.py").write_text(BAD_REWARDS)
-    proc = train_cmd("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:raises", f"output_dir={tmp_path}",
+    proc = train_warm("recipe=demo", f"rewards.0.fn={tmp_path}/bad_rewards.py:raises", f"output_dir={tmp_path}",
                      "data.eval_path=", "train.steps=2", "rollout.prompts_per_step=4", "rollout.group_size=2")
     assert proc.returncode != 0 and rank_exit_codes(proc) == {3}, proc.stderr[-3000:]
     assert "reward function 'raises' raised on sample 0 (prompt '" in error_line(proc)

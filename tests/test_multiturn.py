@@ -73,8 +73,8 @@ def test_a_multi_turn_run_logs_the_environment(tmp_path):
 
 @pytest.mark.slow
 def test_a_raising_environment_stops_every_rank(tmp_path):
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
-                     f"rollout.env={ENVS}:Raising", "rollout.max_total_tokens=16", *SMALL)
+    proc = train_warm("recipe=demo", f"output_dir={tmp_path}", "train.steps=2", "data.eval_path=",
+                      f"rollout.env={ENVS}:Raising", "rollout.max_total_tokens=16", *SMALL)
     assert proc.returncode != 0 and rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:"))
     assert f"environment '{ENVS}:Raising' failed on sample 0 of prompt" in line
@@ -115,8 +115,8 @@ def test_bad_environment_settings(entry, tmp_path, override, says):
 
 @pytest.mark.slow
 def test_a_step_of_the_wrong_shape_stops_the_run(tmp_path):
-    proc = train_cmd("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
-                     f"rollout.env={ENVS}:WrongShape", "rollout.max_total_tokens=16", *SMALL)
+    proc = train_warm("recipe=demo", f"output_dir={tmp_path}", "train.steps=1", "data.eval_path=",
+                      f"rollout.env={ENVS}:WrongShape", "rollout.max_total_tokens=16", *SMALL)
     assert rank_exit_codes(proc) == {3}, proc.stderr[-3000:]
     assert "turn 1: step() returned a tuple of 2; it must return Step(observation, reward, done)" in proc.stderr
 

@@ -4,7 +4,7 @@ demo's own run: tests/test_train.py.)"""
 import pytest
 
 import hub_configs
-from conftest import rank_exit_codes, train_cmd
+from conftest import rank_exit_codes, train_cmd, train_warm
 from test_plan import SHAPE_72B, model_dir
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
@@ -16,7 +16,7 @@ PLAN_FACTOR = 1.5
 
 def test_launch_check_stops_a_run_that_does_not_fit_before_any_engine(tmp_path):
     big = model_dir(tmp_path, "q72", SHAPE_72B)  # config.json only: the run must stop before it needs weights
-    proc = train_cmd("recipe=demo", "prepare=", f"model.path={big}", f"output_dir={tmp_path}/runs", timeout=300)
+    proc = train_warm("recipe=demo", "prepare=", f"model.path={big}", f"output_dir={tmp_path}/runs", timeout=300)
     assert rank_exit_codes(proc) == {2}, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
     assert len(lines) == 1, proc.stderr[-3000:]
@@ -26,8 +26,8 @@ def test_launch_check_stops_a_run_that_does_not_fit_before_any_engine(tmp_path):
     assert "cpu_worker" not in proc.stdout + proc.stderr, "no engine (vLLM's CPU worker) may start"
     assert not (tmp_path / "runs").exists()
     # plan.strict=false: the plan no longer stops it; the next check does (this folder has no weights)
-    loose = train_cmd("recipe=demo", "prepare=", f"model.path={big}", "plan.strict=false",
-                      f"output_dir={tmp_path}/runs", timeout=300)
+    loose = train_warm("recipe=demo", "prepare=", f"model.path={big}", "plan.strict=false",
+                       f"output_dir={tmp_path}/runs", timeout=300)
     assert rank_exit_codes(loose) == {2}
     assert "has no weights" in loose.stderr and "the launch plan does not fit" not in loose.stderr
 
@@ -36,7 +36,7 @@ def test_launch_check_stops_a_mixture_of_experts_that_does_not_fit(tmp_path):
     """Qwen3-30B-A3B (config.json only): its 30.5B parameters with all their experts overflow two CPU ranks' host;
     one line names the bar, exit 2, no engine, no run folder."""
     moe = hub_configs.model_dir(tmp_path, "Qwen/Qwen3-30B-A3B")
-    proc = train_cmd("recipe=demo", "prepare=", f"model.path={moe}", f"output_dir={tmp_path}/runs", timeout=300)
+    proc = train_warm("recipe=demo", "prepare=", f"model.path={moe}", f"output_dir={tmp_path}/runs", timeout=300)
     assert rank_exit_codes(proc) == {2}, proc.stderr[-3000:]
     [line] = [ln for ln in proc.stderr.splitlines() if ln.startswith("rlcore: error:")]
     assert line.startswith("rlcore: error: the launch plan does not fit: the TRAIN bar needs "), line

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
+from conftest import WORKERS, rank_exit_codes, torchrun, torchrun_warm, train_warm
 
 VOLATILE = ("time/", "throughput/", "memory/")
 K1 = ("rollout.max_staleness=1", "algorithm.tis_cap=2")
@@ -261,7 +261,7 @@ def test_skipped_steps_count_across_a_resume(tmp_path):
     proc = torchrun(WORKERS / "faults.py", *run, env={"KILL_RANK": "1", "KILL_AT_UPDATE": "3",
                                                       "RLCORE_NAN_STEPS": "2"})
     assert -9 in rank_exit_codes(proc), proc.stderr[-4000:]
-    proc = train_cmd(*run, "resume=auto", env={"RLCORE_NAN_STEPS": "1"})
+    proc = train_warm(*run, "resume=auto", env={"RLCORE_NAN_STEPS": "1"})
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert ("2 steps in a row had a non-finite loss or gradient (train.max_skipped_steps=2); stopped at step 3"
             in proc.stderr)
@@ -272,8 +272,8 @@ def test_skipped_steps_count_across_a_resume(tmp_path):
 def test_probe_stops_a_corrupted_transfer(tmp_path):
     """At k=1 the per-step check cannot compare (the engine sampled with older weights); the probe scored
     after each transfer can: one tensor scaled by 1.01 in the second transfer stops every rank with exit 3."""
-    proc = torchrun(WORKERS / "split_faults.py", "recipe=demo", "rollout.ranks=1", *K1, "train.steps=4",
-                    "data.eval_path=", f"output_dir={tmp_path}", env={"RLCORE_FAULT": "corrupt"})
+    proc = torchrun_warm(WORKERS / "split_faults.py", "recipe=demo", "rollout.ranks=1", *K1, "train.steps=4",
+                         "data.eval_path=", f"output_dir={tmp_path}", env={"RLCORE_FAULT": "corrupt"})
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert "exceeds rollout.logprob_diff_threshold=0.001 after the transfer of version 2: the engine holds other " \
            "weights than the trainers sent (transfer failed)" in proc.stderr

@@ -724,8 +724,8 @@ def test_probe_stops_a_corrupted_in_flight_load(tmp_path):
     """Two engines (rollout.ranks=2, one rank each) + 1 trainer: one tensor scaled by 1.01 in the second load of the
     second engine only (under requests in flight) stops every rank with exit 3; the first engine's log line of that
     step reports the worst engine's gap."""
-    proc = torchrun(WORKERS / "split_faults.py", *STREAM, "rollout.ranks=2", "train.steps=4", "data.eval_path=",
-                    f"output_dir={tmp_path}", nproc=3, env={"RLCORE_FAULT": "corrupt", "RLCORE_FAULT_RANK": "1"})
+    proc = torchrun_warm(WORKERS / "split_faults.py", *STREAM, "rollout.ranks=2", "train.steps=4", "data.eval_path=",
+                         f"output_dir={tmp_path}", nproc=3, env={"RLCORE_FAULT": "corrupt", "RLCORE_FAULT_RANK": "1"})
     assert rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert "exceeds rollout.logprob_diff_threshold=0.001 after the in-flight load of version 2: the engine holds " \
            "other weights than the trainers sent (transfer failed)" in proc.stderr

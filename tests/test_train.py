@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from conftest import WORKERS, rank_exit_codes, torchrun, train_cmd, train_warm
+from conftest import WORKERS, RunServer, _runs, rank_exit_codes, torchrun_warm, train_cmd, train_warm
 
 pytestmark = pytest.mark.slow  # real torchrun processes and vLLM engines: `make test-fast` leaves them out
 from rlcore.outputs.metrics import STEP_KEYS
@@ -83,12 +83,32 @@ def test_skipped_sync_stops_the_run(tmp_path):
     """Fault injection, the sync skipped, the engine left awake through training: it keeps the old weights and the
     drift check stops the run. (An engine put to sleep refuses to generate before any sync: tests/workers/
     sync_worker.py on a real engine, tests/test_lifecycle.py for every transition.)"""
-    proc = torchrun(WORKERS / "skip_sync.py", "recipe=demo", f"output_dir={tmp_path}", "train.steps=4",
-                    "data.eval_path=", "optim.lr=0.01", "rollout.sleep_while_training=false", *SMALL)
+    proc = torchrun_warm(WORKERS / "skip_sync.py", "recipe=demo", f"output_dir={tmp_path}", "train.steps=4",
+                         "data.eval_path=", "optim.lr=0.01", "rollout.sleep_while_training=false", *SMALL)
     assert proc.returncode != 0 and rank_exit_codes(proc) == {3}, proc.stderr[-4000:]
     assert "the inference engine holds stale or corrupted weights" in proc.stderr
     rows = read_metrics(tmp_path / "demo")
     assert [r["step"] for r in rows] == [1]  # step 1 sampled with the initial weights; step 2 is caught
+
+
+def test_the_shared_launch_outlives_only_a_failed_run_that_left_nothing():
+    """The slow tier's shared launch (conftest.RunServer) runs the tests' failing runs too: a run that stops (exit 3)
+    and leaves nothing in its processes keeps the job, one that leaves a thread, a child process or an open file
+    ends it, and the next run starts a new job. Each rank's exit code reaches the test as torchrun's report would."""
+    server = _runs.setdefault(2, RunServer(2))
+    clean = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert clean.rank_codes == {0: 3, 1: 3} and rank_exit_codes(clean) == {3}, clean.stderr[-3000:]
+    job = server.proc
+    again = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert again.rank_codes == {0: 3, 1: 3} and server.proc is job and job.poll() is None, again.stderr[-3000:]
+    leaky = torchrun_warm(WORKERS / "leaves.py", "something")
+    assert rank_exit_codes(leaky) == {3} and job.poll() is not None, leaky.stderr[-3000:]
+    lines = [ln for ln in leaky.stderr.splitlines() if ln.startswith("the shared launch ends: rank ")]
+    assert len(lines) == 2, leaky.stderr[-3000:]
+    for left in ("threads: ['left-behind", "child processes: ['", "sleep 30", "open files: ['", "leaves.py"):
+        assert all(left in ln for ln in lines), (left, lines)
+    after = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert rank_exit_codes(after) == {3} and server.proc is not job, after.stderr[-3000:]
 
 
 def test_same_seed_same_run(tmp_path):

@@ -9,14 +9,19 @@ the request names), its own engines, FSDP2 and run folder, all gone when main() 
 Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...], "env": {...}, "path": [...],
 "port": P}, with "script": a worker to run instead of main(), or {"quit": true}); every rank runs request N with its stdout and stderr (file descriptors 1 and 2, so
 C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code}).
-A run that does not exit 0 on this rank ends the job (after its result is written): a failed run's state (a process
-group left open, an engine half built, a thread still waiting) never reaches the next run, which starts a new job.
+A run that did not exit 0 keeps the job only when it left nothing behind on any rank (`left_behind`: no thread,
+child process, open file, signal handler, process group or engine that was not there before it): the runs that stop
+with one error every rank raised together, as bad input and a run's own checks do. Otherwise (a process group left
+open, an engine half built, a thread still waiting) the job ends once every rank has written its result, and the next
+run starts a new one: a failed run's state never reaches the next run.
 """
 import gc
 import json
 import os
 import runpy
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -103,19 +108,58 @@ def unlink_own_cpu_shm() -> None:
             Path(path).unlink(missing_ok=True)
 
 
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def state() -> dict:
+    """What a run could leave behind in this process, each as a set of names."""
+    children = set()
+    for task in Path("/proc/self/task").iterdir():
+        children |= set((task / "children").read_text().split())
+    engines = sum(type(o).__name__ == "InprocClient" and getattr(o, "_finalizer", None) is not None
+                  and o._finalizer.alive for o in gc.get_objects())
+    return {"threads": {f"{t.name} ({t.ident})" for t in threading.enumerate()},
+            "child processes": {f"{pid} {command(pid)}" for pid in children},
+            "open files": {f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}" for fd in os.listdir("/proc/self/fd")
+                           if os.path.exists(f"/proc/self/fd/{fd}")},
+            "signal handlers": {f"{s.name}: {signal.getsignal(s)!r}" for s in SIGNALS},
+            "process groups": {"the default group"} if dist.is_initialized() else set(),
+            "engines": {f"{engines} engine(s)"} if engines else set()}
+
+
+def command(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:80]
+    except OSError:
+        return "(gone)"
+
+
+def left_behind(before: dict) -> list[str]:
+    """What this process holds now that it did not before the run: empty for a run that left nothing behind."""
+    after = state()
+    return [f"{what}: {sorted(after[what] - before[what])}" for what in after if after[what] - before[what]]
+
+
 def serve(folder: Path) -> int:
-    rank = os.environ["RANK"]
+    rank, world = os.environ["RANK"], int(os.environ["WORLD_SIZE"])
     for n in range(1_000_000):
         request = wait_for(folder / f"req-{n}.json")
         if request.get("quit"):
             return 0
+        before = state()
         code = run(request, folder / f"out-{n}-rank{rank}.txt", folder / f"err-{n}-rank{rank}.txt")
         tmp = folder / f"res-{n}-rank{rank}.tmp"
-        tmp.write_text(json.dumps({"code": code}))
+        tmp.write_text(json.dumps({"code": code, "left": left_behind(before)}))
         tmp.rename(folder / f"res-{n}-rank{rank}.json")
-        if code != 0:
-            return code
+        results = [wait_for(folder / f"res-{n}-rank{r}.json") for r in range(world)]
+        if ends_the_job(results):
+            return code or 1
     return 0
+
+
+def ends_the_job(results: list[dict]) -> bool:
+    """A run that failed on some rank and left something behind on some rank (each rank's result)."""
+    return any(r["code"] != 0 for r in results) and any(r["left"] for r in results)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ RLCORE_FAULT=skip: from the second transfer on, the engines drain the received w
 (a skipped transfer: they keep sampling with older weights). RLCORE_FAULT=corrupt: from the second transfer on,
 one received tensor (the first of each transfer) arrives scaled by 1.01 (a corrupted unit). Either way the
 probe check after the transfer must stop the run. RLCORE_FAULT_RANK=r: only rank r's engine is broken (the others
-load what was sent). Arguments are passed to launch/train.py unchanged.
+load what was sent). Arguments are passed to launch/train.py unchanged. The load is put back after the run: the
+shared launch (tests/conftest.py torchrun_warm) runs it too.
 """
 import os
 import runpy
@@ -34,6 +35,9 @@ def broken_load(self, weights):
 
 
 engine.RolloutEngine.load = broken_load
-train_py = Path(__file__).resolve().parents[2] / "launch" / "train.py"
-sys.argv = [str(train_py), *sys.argv[1:]]
-runpy.run_path(str(train_py), run_name="__main__")
+entry = runpy.run_path(str(Path(__file__).resolve().parents[2] / "launch" / "train.py"))  # main(), not its exit
+try:
+    code = entry["main"](sys.argv[1:])
+finally:  # the shared launch (tests/workers/run_server.py) runs the next run in this process: with its own load
+    engine.RolloutEngine.load = load
+sys.exit(code) if os.environ.get("RLCORE_SHARED_LAUNCH") else entry["leave"](code)
