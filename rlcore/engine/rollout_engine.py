@@ -40,6 +40,7 @@ from rlcore.distributed import watchdog
 from rlcore.engine.device import (poison_weights, redo_cpu_weight_processing, release_cached_memory,
                                   remove_stale_cpu_shm)
 from rlcore.engine.lifecycle import Lifecycle
+from rlcore.engine.support import hold
 from rlcore.models import lora
 from rlcore.models.weights import checkpoint_weights
 
@@ -135,6 +136,7 @@ class RolloutEngine:
             use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING),
             **lora_args,
         )
+        hold(self.llm.llm_engine.engine_core)  # shut down at the run's end, after the barrier (support.py)
         self.version = 0
         # submitted requests in flight: id -> (prompt tokens, most new tokens, engine steps taken before it came)
         self.flight: dict[str, tuple[int, int, int]] = {}

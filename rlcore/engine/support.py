@@ -24,9 +24,28 @@ def check_architecture(path: str, hf_config, field: str = "model.path") -> None:
                          f"unquantized weights, which a quantized vLLM engine cannot take")
 
 
+_held: list = []  # the vLLM clients of the engines this process built (RolloutEngine), until shut_engines
+
+
+def hold(client) -> None:
+    """Keep an engine's vLLM client until shut_engines (at leave_process_groups). vLLM shuts an engine down when the
+    collector frees its client, and that shutdown destroys every process group, torch's default one too: wherever
+    it happens. A trainer rank's dormant engine (a split mesh) freed with an error's traceback took its rank's
+    groups before the barrier every rank leaves by, so that rank left alone and its peers, waiting there, failed
+    with "Connection closed by peer" (hidden by torchrun's SIGTERM in a launch of its own)."""
+    _held.append(client)
+
+
+def shut_engines() -> None:
+    """Shut down the engines this process holds: vLLM's shutdown also destroys its process groups and torch's."""
+    while _held:
+        _held.pop().shutdown()
+
+
 def leave_process_groups() -> None:
-    """Destroy every process group, vLLM's first (when an engine was built): torch's destroy_process_group()
+    """Shut the engines down, then destroy every process group left, vLLM's first: torch's destroy_process_group()
     takes all groups with it, and vLLM's own shutdown at exit would then fail on its already-gone groups."""
+    shut_engines()
     if "vllm.distributed.parallel_state" in sys.modules:
         from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
         destroy_model_parallel()
