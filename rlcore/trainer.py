@@ -188,6 +188,8 @@ def train(cfg: Config) -> dict[str, float]:
         raise
     finally:
         stop.restore()
+        if run.rollout and run.rollout.envs.endpoint is not None:  # its HTTP server and thread end with the run
+            run.rollout.envs.endpoint.shutdown()
         if run.logger.enabled:  # rank 0; needs no collective, so it is written whatever stopped the run
             run.logger.print(report.write(run.run_dir, cfg.name, status).rstrip())
             run.logger.print(f"rlcore: summary written to {run.run_dir / 'summary.md'}")
