@@ -91,26 +91,6 @@ def test_skipped_sync_stops_the_run(tmp_path):
     assert [r["step"] for r in rows] == [1]  # step 1 sampled with the initial weights; step 2 is caught
 
 
-def test_the_shared_launch_outlives_only_a_failed_run_that_left_nothing():
-    """The slow tier's shared launch (conftest.RunServer) runs the tests' failing runs too: a run that stops (exit 3)
-    and leaves nothing in its processes keeps the job, one that leaves a thread, a child process or an open file
-    ends it, and the next run starts a new job. Each rank's exit code reaches the test as torchrun's report would."""
-    server = _runs.setdefault(2, RunServer(2))
-    clean = torchrun_warm(WORKERS / "leaves.py", "nothing")
-    assert clean.rank_codes == {0: 3, 1: 3} and rank_exit_codes(clean) == {3}, clean.stderr[-3000:]
-    job = server.proc
-    again = torchrun_warm(WORKERS / "leaves.py", "nothing")
-    assert again.rank_codes == {0: 3, 1: 3} and server.proc is job and job.poll() is None, again.stderr[-3000:]
-    leaky = torchrun_warm(WORKERS / "leaves.py", "something")
-    assert rank_exit_codes(leaky) == {3} and job.poll() is not None, leaky.stderr[-3000:]
-    lines = [ln for ln in leaky.stderr.splitlines() if ln.startswith("the shared launch ends: rank ")]
-    assert len(lines) == 2, leaky.stderr[-3000:]
-    for left in ("threads: ['left-behind", "child processes: ['", "sleep 30", "open files: ['", "leaves.py"):
-        assert all(left in ln for ln in lines), (left, lines)
-    after = torchrun_warm(WORKERS / "leaves.py", "nothing")
-    assert rank_exit_codes(after) == {3} and server.proc is not job, after.stderr[-3000:]
-
-
 def test_same_seed_same_run(tmp_path):
     """Rollout seeds come from (run seed, step, prompt): two runs log identical numbers, timings aside, and export
     the same bytes. One is a fresh launch, two run in the slow tier's shared launch (conftest.RunServer), the
@@ -133,3 +113,24 @@ def test_same_seed_same_run(tmp_path):
     assert len(runs[0]) == 4 and runs[0] == runs[1] == runs[2]
     assert "model.safetensors" in exports[0] and exports[0] == exports[1] == exports[2]
     assert len({r["reward/mean"] for r in runs[0][1:]}) > 1  # the steps differ from each other
+
+
+def test_the_shared_launch_outlives_only_a_failed_run_that_left_nothing():
+    """The slow tier's shared launch (conftest.RunServer) runs the tests' failing runs too: a run that stops (exit 3)
+    and leaves nothing in its processes keeps the job, one that leaves a thread, a child process or an open file
+    ends it, and the next run starts a new job. Each rank's exit code reaches the test as torchrun's report would.
+    (Last in the file: no shared run of 2 ranks comes after it in the suite's order to pay for the new job.)"""
+    server = _runs.setdefault(2, RunServer(2))
+    clean = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert clean.rank_codes == {0: 3, 1: 3} and rank_exit_codes(clean) == {3}, clean.stderr[-3000:]
+    job = server.proc
+    again = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert again.rank_codes == {0: 3, 1: 3} and server.proc is job and job.poll() is None, again.stderr[-3000:]
+    leaky = torchrun_warm(WORKERS / "leaves.py", "something")
+    assert rank_exit_codes(leaky) == {3} and job.poll() is not None, leaky.stderr[-3000:]
+    lines = [ln for ln in leaky.stderr.splitlines() if ln.startswith("the shared launch ends: rank ")]
+    assert len(lines) == 2, leaky.stderr[-3000:]
+    for left in ("threads: ['left-behind", "child processes: ['", "sleep 30", "open files: ['", "leaves.py"):
+        assert all(left in ln for ln in lines), (left, lines)
+    after = torchrun_warm(WORKERS / "leaves.py", "nothing")
+    assert rank_exit_codes(after) == {3} and server.proc is not job, after.stderr[-3000:]

@@ -9,15 +9,18 @@ the request names), its own engines, FSDP2 and run folder, all gone when main() 
 Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...], "env": {...}, "path": [...],
 "port": P}, with "script": a worker to run instead of main(), or {"quit": true}); every rank runs request N with its stdout and stderr (file descriptors 1 and 2, so
 C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code}).
-A run that did not exit 0 keeps the job only when it left nothing behind on any rank (`left_behind`: no thread,
-child process, open file, signal handler, process group or engine that was not there before it): the runs that stop
-with one error every rank raised together, as bad input and a run's own checks do. Otherwise (a process group left
+A run that did not exit 0 keeps the job only when it left nothing behind on any rank that a finished run does not
+leave (`left_behind`: no thread, child process, signal handler, process group or engine that was not there before it,
+and no more open files of a kind than a finished run of the job left): the runs that stop with one error every rank
+raised together, as bad input and a run's own checks do. Otherwise (a process group left
 open, an engine half built, a thread still waiting) the job ends once every rank has written its result, and the next
 run starts a new one: a failed run's state never reaches the next run.
 """
+import collections
 import gc
 import json
 import os
+import re
 import runpy
 import signal
 import sys
@@ -31,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "launch"))
 import train as entry  # noqa: E402  (launch/train.py)
 
-from rlcore.engine.support import leave_process_groups  # noqa: E402
+from rlcore.engine import support  # noqa: E402
 from warm import exit_code, isolated  # noqa: E402  (tests/workers/warm.py)
 
 def wait_for(path: Path) -> dict:
@@ -79,14 +82,15 @@ def script(request: dict) -> None:
 
 
 def cleanup() -> None:
+    support.shut_engines()  # a run that left without leave_process_groups (an error on this rank alone)
     gc.collect()
-    shut_engines()
+    shut_stray_engines()
     if dist.is_initialized():
-        leave_process_groups()
+        support.leave_process_groups()
     unlink_own_cpu_shm()
 
 
-def shut_engines() -> None:
+def shut_stray_engines() -> None:
     """An engine still reachable after its run would be shut down whenever the collector next finds it, maybe in the
     middle of the next run, and vLLM's shutdown destroys the process groups it finds then: the next run's (CI saw
     "world group is not initialized" so). An import made while an engine starts can fail inside a library that
@@ -134,22 +138,43 @@ def command(pid: str) -> str:
         return "(gone)"
 
 
-def left_behind(before: dict) -> list[str]:
-    """What this process holds now that it did not before the run: empty for a run that left nothing behind."""
+def added(before: dict) -> dict[str, list[str]]:
+    """What this process holds now that it did not before the run, by category."""
     after = state()
-    return [f"{what}: {sorted(after[what] - before[what])}" for what in after if after[what] - before[what]]
+    return {what: sorted(after[what] - before[what]) for what in after if after[what] - before[what]}
+
+
+def kinds(files: list[str]) -> collections.Counter:
+    """Open files ("fd -> target") counted by kind: "pipe:", "socket:", "anon_inode:[eventpoll]", a path."""
+    return collections.Counter(re.sub(r"\[\d+\]$", "", f.split(" -> ", 1)[1]) for f in files)
+
+
+def left_behind(new: dict[str, list[str]], usual: collections.Counter) -> list[str]:
+    """What a failed run left that a finished run does not: any thread, child process, signal handler, process
+    group or engine; open files beyond `usual`, the most of each kind a finished run of this job left. (Each
+    finished run leaves a few descriptors: torch keeps a gloo transport's pipe, epoll and socket, and a store's
+    socket, after its process groups are destroyed. The job runs on with them.)"""
+    left = [f"{what}: {items}" for what, items in new.items() if what != "open files"]
+    more = kinds(new.get("open files", [])) - usual
+    if more:
+        left.append(f"open files: {new['open files']} (beyond a finished run's: {dict(more)})")
+    return left
 
 
 def serve(folder: Path) -> int:
     rank, world = os.environ["RANK"], int(os.environ["WORLD_SIZE"])
+    usual = collections.Counter()  # per kind, the most open files a finished run of this job left
     for n in range(1_000_000):
         request = wait_for(folder / f"req-{n}.json")
         if request.get("quit"):
             return 0
         before = state()
         code = run(request, folder / f"out-{n}-rank{rank}.txt", folder / f"err-{n}-rank{rank}.txt")
+        new = added(before)
+        if code == 0:
+            usual |= kinds(new.get("open files", []))
         tmp = folder / f"res-{n}-rank{rank}.tmp"
-        tmp.write_text(json.dumps({"code": code, "left": left_behind(before)}))
+        tmp.write_text(json.dumps({"code": code, "left": left_behind(new, usual) if code else []}))
         tmp.rename(folder / f"res-{n}-rank{rank}.json")
         results = [wait_for(folder / f"res-{n}-rank{r}.json") for r in range(world)]
         if ends_the_job(results):
