@@ -8,13 +8,14 @@ the request names), its own engines, FSDP2 and run folder, all gone when main() 
 
 Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...], "env": {...}, "path": [...],
 "port": P}, with "script": a worker to run instead of main(), or {"quit": true}); every rank runs request N with its stdout and stderr (file descriptors 1 and 2, so
-C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code}).
+C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code, "left": what the
+run left behind in the process, as `left_behind` says it}).
 A run that did not exit 0 keeps the job only when it left nothing behind on any rank that a finished run does not
 leave (`left_behind`: no thread, child process, signal handler, process group or engine that was not there before it,
 and no more open files of a kind than a finished run of the job left): the runs that stop with one error every rank
-raised together, as bad input and a run's own checks do. Otherwise (a process group left
-open, an engine half built, a thread still waiting) the job ends once every rank has written its result, and the next
-run starts a new one: a failed run's state never reaches the next run.
+raised together, as bad input and a run's own checks do. Otherwise (a process group left open, an engine half built,
+a thread still waiting) the job ends once every rank has written its result, and the next run starts a new one: a
+failed run's state never reaches the next run.
 """
 import collections
 import gc
@@ -174,7 +175,7 @@ def serve(folder: Path) -> int:
         if code == 0:
             usual |= kinds(new.get("open files", []))
         tmp = folder / f"res-{n}-rank{rank}.tmp"
-        tmp.write_text(json.dumps({"code": code, "left": left_behind(new, usual) if code else []}))
+        tmp.write_text(json.dumps({"code": code, "left": left_behind(new, usual)}))  # read if any rank failed
         tmp.rename(folder / f"res-{n}-rank{rank}.json")
         results = [wait_for(folder / f"res-{n}-rank{r}.json") for r in range(world)]
         if ends_the_job(results):
