@@ -1,5 +1,6 @@
 """vLLM around the engine object (rlcore/engine/rollout_engine.py): whether it can serve a model, checked before
-anything loads (preflight), and its process groups left at a run's end (launch/train.py)."""
+anything loads (preflight), and at a run's end, after the barrier every rank leaves by, its engines shut down and its
+process groups left (launch/train.py)."""
 from __future__ import annotations
 
 import sys
