@@ -11,9 +11,9 @@ Requests are files in the folder given as argv[1]: `req-N.json` ({"argv": [...],
 C++ and library output too) in `out-N-rankR.txt`, then writes `res-N-rankR.json` ({"code": exit code, "left": what the
 run left behind in the process, as `left_behind` says it}).
 A run that did not exit 0 keeps the job only when it left nothing behind on any rank that a finished run does not
-leave (`left_behind`: no thread, child process, signal handler, process group or engine that was not there before it,
-and no more open files of a kind than a finished run of the job left): the runs that stop with one error every rank
-raised together, as bad input and a run's own checks do. Otherwise (a process group left open, an engine half built,
+leave (`left_behind`: no thread, child process, signal handler or process group that was not there before it, and no
+more open files of a kind than a finished run of the job left; `cleanup` has shut its engines down): the runs that
+stop with one error every rank raised together, as bad input and a run's own checks do. Otherwise (a process group left open, an engine half built,
 a thread still waiting) the job ends once every rank has written its result, and the next run starts a new one: a
 failed run's state never reaches the next run.
 """
@@ -117,19 +117,17 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.
 
 
 def state() -> dict:
-    """What a run could leave behind in this process, each as a set of names."""
+    """What a run could leave behind in this process, each as a set of names. (No engine: cleanup() has shut down
+    every one still alive, held or stray, before this is read.)"""
     children = set()
     for task in Path("/proc/self/task").iterdir():
         children |= set((task / "children").read_text().split())
-    engines = sum(type(o).__name__ == "InprocClient" and getattr(o, "_finalizer", None) is not None
-                  and o._finalizer.alive for o in gc.get_objects())
     return {"threads": {f"{t.name} ({t.ident})" for t in threading.enumerate()},
             "child processes": {f"{pid} {command(pid)}" for pid in children},
             "open files": {f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}" for fd in os.listdir("/proc/self/fd")
                            if os.path.exists(f"/proc/self/fd/{fd}")},
             "signal handlers": {f"{s.name}: {signal.getsignal(s)!r}" for s in SIGNALS},
-            "process groups": {"the default group"} if dist.is_initialized() else set(),
-            "engines": {f"{engines} engine(s)"} if engines else set()}
+            "process groups": {"the default group"} if dist.is_initialized() else set()}
 
 
 def command(pid: str) -> str:
@@ -151,8 +149,8 @@ def kinds(files: list[str]) -> collections.Counter:
 
 
 def left_behind(new: dict[str, list[str]], usual: collections.Counter) -> list[str]:
-    """What a failed run left that a finished run does not: any thread, child process, signal handler, process
-    group or engine; open files beyond `usual`, the most of each kind a finished run of this job left. (Each
+    """What a failed run left that a finished run does not: any thread, child process, signal handler or process
+    group; open files beyond `usual`, the most of each kind a finished run of this job left. (Each
     finished run leaves a few descriptors: torch keeps a gloo transport's pipe, epoll and socket, and a store's
     socket, after its process groups are destroyed. The job runs on with them.)"""
     left = [f"{what}: {items}" for what, items in new.items() if what != "open files"]
