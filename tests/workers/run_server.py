@@ -98,7 +98,7 @@ def cleanup() -> None:
 
 def lighter_engine_starts_and_ends() -> None:
     """Two things vLLM does at every engine build or shutdown that a job building one engine a run need not repeat
-    (a 2-step demo run in this job: ~4.9 -> ~2.8 s, benchmarks/launch.py --shared):
+    (a 2-step demo run in this job, request to result: 5.11 -> 3.34 s, `benchmarks/launch.py --shared 8`):
     - On CPU, vLLM binds its Triton kernels' C++ overrides by scanning every loaded module's namespace at each
       engine build (~0.5-1 s with torch, transformers and vLLM loaded). The job's first build binds them for the
       process; a later one would only wrap the first wrapper.
