@@ -67,7 +67,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     # rollout.early_handover: the version the engine has not loaded yet while the trainers hold the next batch, and
     # (first trainer rank) the event set once the engine says it is at that load point
     early, pending = link.calls is not None, {}
-    gaps = {"last": 0.0, "max": 0.0}  # early: this step's longest time between two polls (the engine tells us that early)
+    gaps = {"last": 0.0, "max": 0.0, "joined_s": None}  # early: this step's longest time between two polls (the engine tells us that early)
 
     def poll(final: bool) -> None:
         """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll):
@@ -84,7 +84,9 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         try:
             if heard is not None and heard.is_set():
                 received(heard)  # the engine's lead is gone: stop here, not in the load's exchange
+            t0 = time.perf_counter()
             waiting(agree, {})  # the engine's call for the load of version t
+            gaps["joined_s"] = time.perf_counter() - t0  # waiting for the engine's load point
             waiting(send_weights, run, link, header)
             control(t)
         except RunError as e:
@@ -102,7 +104,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     for t in range(start + 1, steps + 1):
         error, metrics, t0, waited = None, {}, time.perf_counter(), idle["wait_s"]
         run.trainer.poll = poll if early else None
-        gaps.update(last=t0, max=0.0)
+        gaps.update(last=t0, max=0.0, joined_s=None)
         try:
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
             loop.count(t, metrics)
@@ -120,6 +122,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         served = idle["wait_s"] - waited  # the version before's load, joined inside this step: not its work
         if "time/step_s" in metrics:
             metrics["time/step_s"] -= served
+        if gaps["joined_s"] is not None:  # this step joined the load before it: its wait there for the engine
+            metrics["time/load_join_wait_s"] = gaps["joined_s"]
         probed = probe_logprobs(run, probe) if error is None else None
         now = time.perf_counter()
         # the wait before this step (the previous version's load point and transfer, the hand-over of this batch)
