@@ -372,10 +372,10 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
 
 
 def test_what_is_left_of_the_lag(one_rank):
-    """The early hand-over tells the trainers to come once what is left of the lag is within their longest
-    micro-batch (Engine.tell_due). auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the
+    """The early hand-over tells the trainers how far the load point is once what is left of the lag is within two
+    of their longest micro-batches (Engine.tell_due). auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the
     blocked margin 1.1: budgets 1 s and 0.88 s; after 100 steps (0.6 s) 0.4 s is left, 0.28 s once something waits
-    for the version. A lag of 3 engine steps, one step in: 2 steps x the engine's mean step. None while auto
+    for the version; told in wall time at the pace the steps kept. A lag of 3 engine steps, one step in: 2 steps x the engine's mean step. None while auto
     measures."""
     lag = new_lag("auto", blocked=1.1)
     assert lag.left_ns(False, 10**6) is None
@@ -387,10 +387,38 @@ def test_what_is_left_of_the_lag(one_rank):
         lag.stepped(1, 8, 8, 0.001)
     # the blocked budget is 1.1 x 0.8 s rounded up to the nanosecond: 880_000_001 (1.1 x 0.8 is 0.8800000000000001)
     assert (lag.left_ns(False, 1), lag.left_ns(True, 1)) == (400_000_000, 280_000_001)
+    # in wall time, at the pace since the hand-over: 100 steps took 0.1 s where the model predicted 0.6 s, so 1/6 of
+    # it (to the nanosecond: 100 float additions of 0.001 s err by ~1e-17 s)
+    assert lag.left_wall_ns(False, 1) == pytest.approx(66_666_667, abs=1)
+    assert lag.left_wall_ns(True, 1) == pytest.approx(46_666_667, abs=1)
     fixed = new_lag(3)
     fixed.handed(0, 1000)
     fixed.stepped(1, 8, 8, 0.001)
-    assert fixed.left_ns(True, 7_000_000) == 14_000_000
+    assert fixed.left_ns(True, 7_000_000) == fixed.left_wall_ns(True, 7_000_000) == 14_000_000
+
+
+def test_the_trainers_come_once_their_next_micro_batch_would_end_past_the_load_point():
+    """Told at 8 s that the load point is 250 ms ahead, the trainers run one more micro-batch at 8.125 s if it is
+    predicted to take 62.5 ms (it ends at 8.1875 s) and come if it takes 125 ms (8.25 s). Not told: they run on; the
+    engine's lead gone: they come at once (and hear why). The next micro-batch's time: the last one's, or the last
+    step's at the same poll where that was longer (the update's micro-batches after the logprobs' forward)."""
+    from threading import Event
+
+    from rlcore.modes.stream.trainer_side import come, next_gap
+    heard = Event()
+    heard.number, heard.error, heard.at = None, None, None
+    assert not come(heard, 99.0, 1.0)
+    heard.number, heard.at = 250_000, 8.0  # binary fractions: the sums are exact
+    heard.set()
+    assert (come(heard, 8.125, 0.0625), come(heard, 8.125, 0.125), come(heard, 8.25, 0.0)) == (False, True, True)
+    heard.error = "rank 0 is gone"
+    assert come(heard, 0.0, 0.0)
+    before = [0.05, 0.05, 0.05, 0.2, 0.2]
+    assert next_gap({"step": [0.05, 0.04], "before": before}) == 0.05
+    assert next_gap({"step": [0.05, 0.04, 0.06], "before": before}) == 0.2  # the update comes next
+    assert next_gap({"step": [0.05] * 5 + [0.3], "before": before}) == 0.3  # past the last step's polls
+    assert next_gap({"step": [0.05] * 6, "before": before}) == 0.2
+    assert next_gap({"step": [0.07], "before": []}) == 0.07
 
 
 def test_a_load_lets_admission_start_what_it_may_first(one_rank):
@@ -681,6 +709,11 @@ def test_early_handover_changes_no_number_and_resumes(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     early = [r["stream/early_handover"] for r in metrics(tmp_path / "a" / "demo")]
     assert early[2] == early[5] == 0 and sum(early) >= 2, early  # steps 3 and 6 save: nothing goes early there
+    # the step after each early give joined that load inside it, and logs its wait there for the engine
+    joined = [json.loads(line).get("time/load_join_wait_s")
+              for line in (tmp_path / "a" / "demo" / "metrics.jsonl").read_text().splitlines()]
+    assert [j is not None for j in joined[1:]] == [e == 1 for e in early[:-1]] and joined[0] is None, joined
+    assert all(j >= 0 for j in joined if j is not None)
     assert [r["stream/early_handover"] for r in metrics(tmp_path / "b" / "demo")] == [0] * 6
     straight = logged(tmp_path / "a")
     assert logged(tmp_path / "b") == straight

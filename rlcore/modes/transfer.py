@@ -124,10 +124,10 @@ def exchange(link: Link, mine: dict) -> list[dict]:
 def listen(group, src: int) -> threading.Event:
     """Set once `src` sends one number over `group`, which it keeps as `.number` (streaming: the trainers' "version
     v waits", or with the early hand-over "done, and our micro-batches take this long", to an engine's first rank,
-    Link.ready; the engine's "come to my load point" to the trainers, Link.calls). A thread receives it: gloo's irecv
+    Link.ready; the engine's "my load point is this far", to the trainers, Link.calls). A thread receives it: gloo's irecv
     only completes inside wait(), so polling it from a loop would never see it."""
     arrived = threading.Event()
-    arrived.number, arrived.error = None, None
+    arrived.number, arrived.error, arrived.at = None, None, None  # at: when it arrived (time.perf_counter)
 
     def receive() -> None:
         number = torch.zeros(1, dtype=torch.long)
@@ -137,6 +137,7 @@ def listen(group, src: int) -> threading.Event:
         except Exception as e:  # src's process is gone: whoever waits for the number hears that, not nothing
             said = str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # gloo: "[file:line] Connection closed..."
             arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said})"
+        arrived.at = time.perf_counter()
         arrived.set()
 
     threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True).start()

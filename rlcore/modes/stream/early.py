@@ -1,8 +1,8 @@
 """Streaming's early hand-over, the engine's side (rollout.early_handover; the design is in
 rlcore/modes/stream/__init__.py's docstring, the trainers' side in trainer_side.py). Where the next batch is complete
 before the engine loads the version the trainers' last step made, the trainers would wait out the lag: the engine
-gives them that batch first (`give`), tells them to come to its load point one micro-batch of theirs before it is
-predicted (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes what the engine
+gives them that batch first (`give`), tells them how far its load point is once it is predicted within two
+micro-batches of theirs (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes what the engine
 decides: the load points, the tokens and every number are the ones without it.
 """
 from __future__ import annotations
@@ -17,11 +17,12 @@ from rlcore.modes.transfer import Link, error_in, exchange, received, tell
 class EarlyHandover:
     """What an engine keeps for the early hand-over: the last batch given to the trainers (beyond the one handed over
     while the load of `handed` is due), its tokens, the trainers' longest time between two micro-batches as they last
-    said it, whether they were told to come, and the engine's steps and their seconds (a fixed lag, in time)."""
+    said it, whether they were told how far the load point is (and how far it was predicted), and the engine's steps and
+    their seconds (a fixed lag, in time)."""
 
     def __init__(self, link: Link):
         self.on = link.calls is not None  # one engine, deterministic loads (rlcore/modes/stream/__init__.py)
-        self.given, self.tokens, self.gap_ns, self.told = 0, 0, 0, None
+        self.given, self.tokens, self.gap_ns, self.told, self.left_ns = 0, 0, 0, None, None
         self.ran = [0, 0.0]
 
     def early(self, handed: int) -> bool:
@@ -60,22 +61,23 @@ class EarlyHandover:
         self.tokens = sum(int(m["batch"].attention_mask.sum()) for m in messages if m.get("batch") is not None)
 
     def tell_due(self, e) -> bool:
-        """The trainers hold the next batch and the load point of version `handed` is predicted within their longest
-        time between two micro-batches: they come to it now and wait there (at most that long), rather than the
-        engine waiting, frozen, for the micro-batch they are in. The lead tells them; when does not change what the
-        engine does."""
+        """The trainers hold the next batch and the load point of version `handed` is predicted within two of their
+        longest times between two micro-batches: the lead tells them how far it is (`tell`), and they come to it at
+        the poll after which their next micro-batch would end past it, so that neither side waits longer than the
+        prediction misses by (the trainers at most a micro-batch of theirs, the engine for none of theirs). When, and
+        what it says, do not change what the engine does."""
         if not (e.lead and self.early(e.handed) and self.told is None):
             return False
-        left = e.lag.left_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
-        return left is not None and left <= self.gap_ns
+        self.left_ns = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
+        return self.left_ns is not None and self.left_ns <= 2 * self.gap_ns
 
     def tell(self, e) -> None:
-        self.told = tell(e.link.calls, e.link.leader, e.handed)
+        self.told = tell(e.link.calls, e.link.leader, max(self.left_ns // 1000, 0))  # microseconds
 
     def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
         had one, stops every rank here), or, holding batch v + 1, between two of its micro-batches once told."""
-        told = self.told or (tell(e.link.calls, e.link.leader, v) if self.early(v) and e.lead else None)
+        told = self.told or (tell(e.link.calls, e.link.leader, 0) if self.early(v) and e.lead else None)  # now
         self.told = None
         messages = exchange(e.link, {"next": "load", "error": None, "stop": False, "loop": e.loop.state})
         if told is not None:

@@ -110,6 +110,15 @@ class LoadLag:
             left = min(left, self.budget(True) - self.spent)
         return left * step_ns if self.in_steps else left
 
+    def left_wall_ns(self, blocked: bool, step_ns: int) -> int | None:
+        """`left_ns` in wall time: auto's predicted time at the pace its steps have kept since the hand-over (its step
+        model was fitted on the first versions' steps; a machine's speed and a batch's shape move it: x0.86-1.40 in
+        one series on this CPU). What the early hand-over tells the trainers; the load point itself stays data."""
+        left = self.left_ns(blocked, step_ns)
+        if left is None or self.in_steps or self.spent <= 0 or self.taken <= 0:
+            return left
+        return round(left * self.taken * NS / self.spent)
+
     def budget(self, blocked: bool = False) -> int:
         """This version's lag: a fixed one's steps; auto's budget (at load_lag_margin_blocked once something waits for
         the version: `blocked`), scaled up by the batch's tokens over ref's."""

@@ -65,19 +65,23 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             raise loop.preempted(t, path)
 
     # rollout.early_handover: the version the engine has not loaded yet while the trainers hold the next batch, and
-    # (first trainer rank) the event set once the engine says it is at that load point
+    # (first trainer rank) the event set once the engine says how far its load point is
     early, pending = link.calls is not None, {}
-    gaps = {"last": 0.0, "max": 0.0, "joined_s": None}  # early: this step's longest time between two polls (the engine tells us that early)
+    # early: this step's times between two polls (their longest is told to the engine), the last step's, and the wait
+    # at the load point joined in this step
+    gaps = {"last": 0.0, "max": 0.0, "step": [], "before": [], "joined_s": None}
 
     def poll(final: bool) -> None:
         """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll):
-        join its load once the engine says it is there (every trainer rank agrees on the first rank's word), and
-        before the step changes a weight in any case. The engine gives a batch early only when that load needs no
-        checkpoint, eval or export. What stops the run there is not this step's error: it leaves the loop."""
+        join its load once the engine has said how far it is and the next micro-batch would end after it (every
+        trainer rank agrees on the first rank's word), and before the step changes a weight in any case. The engine
+        gives a batch early only when that load needs no checkpoint, eval or export. What stops the run there is not
+        this step's error: it leaves the loop."""
         now = time.perf_counter()
-        gaps.update(max=max(gaps["max"], now - gaps["last"]), last=now)
+        gaps["step"].append(now - gaps["last"])
+        gaps.update(max=max(gaps["max"], gaps["step"][-1]), last=now)
         heard = pending.get("heard")
-        if not pending or not (final or all_max(int(heard is not None and heard.is_set()))):
+        if not pending or not (final or all_max(int(heard is not None and come(heard, now, next_gap(gaps))))):
             return
         t, header = pending["t"], pending["header"]
         pending.clear()
@@ -104,7 +108,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     for t in range(start + 1, steps + 1):
         error, metrics, t0, waited = None, {}, time.perf_counter(), idle["wait_s"]
         run.trainer.poll = poll if early else None
-        gaps.update(last=t0, max=0.0, joined_s=None)
+        gaps.update(last=t0, max=0.0, before=gaps["step"], step=[], joined_s=None)
         try:
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
             loop.count(t, metrics)
@@ -155,6 +159,24 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             batch = waiting(take, t + 1)
         if loop.export_due(t):
             loop.export(t, group=run.trainer.group, writer=run.dims.rollout_ranks)
+
+
+def next_gap(gaps: dict) -> float:
+    """The time to the next poll, predicted: the last one's, or the last step's at this point where that was longer
+    (the micro-batches of a step come in phases, the update's longer than the logprobs' forward)."""
+    i = len(gaps["step"])
+    before = gaps["before"][i] if i < len(gaps["before"]) else max(gaps["before"], default=0.0)
+    return max(gaps["step"][-1], before)
+
+
+def come(heard, now: float, gap: float) -> bool:
+    """Whether to go to the engine's load point now: it said how far it was (in microseconds of its predicted time,
+    `listen`'s number, at `heard.at`), and the next micro-batch would end after that; or its lead is gone."""
+    if not heard.is_set():
+        return False
+    if heard.error is not None:
+        return True
+    return now + gap >= heard.at + heard.number / 1e6
 
 
 class LoadFailed(Exception):
