@@ -373,10 +373,11 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
 
 def test_what_is_left_of_the_lag(one_rank):
     """The early hand-over tells the trainers how far the load point is once what is left of the lag is within two
-    of their longest micro-batches (Engine.tell_due). auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the
-    blocked margin 1.1: budgets 1 s and 0.88 s; after 100 steps (0.6 s) 0.4 s is left, 0.28 s once something waits
-    for the version; told in wall time at the pace the steps kept. A lag of 3 engine steps, one step in: 2 steps x the engine's mean step. None while auto
-    measures."""
+    of their longest micro-batches (EarlyHandover.tell_due), in wall time at the pace the steps kept since the
+    hand-over. auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the blocked margin 1.1:
+    budgets 1 s and 0.88 s; after 100 steps (0.6 s predicted, 0.1 s taken) 0.4 s is left, 0.28 s once something waits
+    for the version; in wall time a sixth of each. A lag of 3 engine steps, one step in: 2 steps x the engine's mean
+    step. None while auto measures."""
     lag = new_lag("auto", blocked=1.1)
     assert lag.left_ns(False, 10**6) is None
     lag.stepped(1, 8, 8, 6e-3)

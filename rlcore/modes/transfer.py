@@ -34,7 +34,8 @@ class Link:
     leads: object = None
     # rollout.free_loads or rollout.early_handover: rank R and each engine's first rank over gloo, "version v waits"
     ready: object = None
-    calls: object = None  # rollout.early_handover: the same ranks, the other way: "the engine is at its load point"
+    # rollout.early_handover: the same ranks, the other way: "my load point is this far" (microseconds; 0: now)
+    calls: object = None
 
     @staticmethod
     def make(rollout_ranks: int, world: int, tp: int = 1, stream: bool = False, free_loads: bool = False,

@@ -58,9 +58,9 @@ and they join the load at the poll between two micro-batches after which their n
 (rlcore.run.Trainer.poll; before its first optimizer step in any case), sending version v, which the step has not
 changed yet. The engine's decisions never read whether a batch went early (it lets go of the batch's groups at the
 hand-over proper), so the load points, the tokens and every number are the ones without it. A checkpoint at a load
-that followed an early give keeps the batch on the engine's side, and the resume hands it over again. Each side
-waits at a load only as long as a prediction misses by (the engine's step model, the trainers' next micro-batch),
-where without it the trainers waited for the lag.
+that followed an early give keeps the batch on the engine's side, and the resume hands it over again. The trainers
+wait at a load for what is left of one micro-batch of theirs, and either side for what a prediction misses by (the
+engine's step model, the trainers' next micro-batch), where without it the trainers waited for the lag.
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives

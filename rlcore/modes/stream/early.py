@@ -76,7 +76,9 @@ class EarlyHandover:
 
     def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
-        had one, stops every rank here), or, holding batch v + 1, between two of its micro-batches once told."""
+        had one, stops every rank here), or, holding batch v + 1, at the poll between two of its micro-batches
+        after which their next one would end past the point they were told (told now, 0, where they were not told
+        before)."""
         told = self.told or (tell(e.link.calls, e.link.leader, 0) if self.early(v) and e.lead else None)  # now
         self.told = None
         messages = exchange(e.link, {"next": "load", "error": None, "stop": False, "loop": e.loop.state})
