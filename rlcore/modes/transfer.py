@@ -125,8 +125,8 @@ def exchange(link: Link, mine: dict) -> list[dict]:
 def listen(group, src: int) -> threading.Event:
     """Set once `src` sends one number over `group`, which it keeps as `.number` (streaming: the trainers' "version
     v waits", or with the early hand-over "done, and our micro-batches take this long", to an engine's first rank,
-    Link.ready; the engine's "my load point is this far", to the trainers, Link.calls). A thread receives it: gloo's irecv
-    only completes inside wait(), so polling it from a loop would never see it."""
+    Link.ready; the engine's "my load point is this far", to the trainers, Link.calls). A thread receives it: gloo's
+    irecv only completes inside wait(), so polling it from a loop would never see it."""
     arrived = threading.Event()
     arrived.number, arrived.error, arrived.at = None, None, None  # at: when it arrived (time.perf_counter)
 

@@ -2,8 +2,8 @@
 rlcore/modes/stream/__init__.py's docstring, the trainers' side in trainer_side.py). Where the next batch is complete
 before the engine loads the version the trainers' last step made, the trainers would wait out the lag: the engine
 gives them that batch first (`give`), tells them how far its load point is once it is predicted within two
-micro-batches of theirs (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes what the engine
-decides: the load points, the tokens and every number are the ones without it.
+micro-batches of theirs (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes
+what the engine decides: the load points, the tokens and every number are the ones without it.
 """
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def next_gap(gaps: dict) -> float:
 
 
 def come(heard, now: float, gap: float) -> bool:
-    """Whether to go to the engine's load point now: it said how far it was (in microseconds of its predicted time,
+    """Whether to go to the engine's load point now: it said how far it was (microseconds of predicted wall time,
     `listen`'s number, at `heard.at`), and the next micro-batch would end after that; or its lead is gone."""
     if not heard.is_set():
         return False
