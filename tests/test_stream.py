@@ -373,11 +373,13 @@ def test_auto_lag_grows_with_the_batch_it_covers(one_rank):
 
 def test_what_is_left_of_the_lag(one_rank):
     """The early hand-over tells the trainers how far the load point is once what is left of the lag is within two
-    of their longest micro-batches (EarlyHandover.tell_due), in wall time at the pace the steps kept since the
-    hand-over. auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the blocked margin 1.1:
-    budgets 1 s and 0.88 s; after 100 steps (0.6 s predicted, 0.1 s taken) 0.4 s is left, 0.28 s once something waits
-    for the version; in wall time a sixth of each. A lag of 3 engine steps, one step in: 2 steps x the engine's mean
-    step. None while auto measures."""
+    of their longest micro-batches (EarlyHandover.tell_due), in wall time at the pace of the last RECENT steps.
+    auto, measured at 6 ms a step of 8 sequences with a 0.8 s trainers' step and the blocked margin 1.1: budgets 1 s
+    and 0.88 s; after 100 steps (0.6 s predicted, 0.1 s taken) 0.4 s is left, 0.28 s once something waits for the
+    version; in wall time a sixth of each. Then 8 steps that take what the model says (6 ms): 0.352 s left, in wall
+    time the same, although the 108 steps since the hand-over took 0.148 s of 0.648 s predicted. A lag of 3 engine
+    steps, one step in: 2 steps x the engine's mean step. None while auto measures."""
+    from rlcore.modes.stream.lag import RECENT
     lag = new_lag("auto", blocked=1.1)
     assert lag.left_ns(False, 10**6) is None
     lag.stepped(1, 8, 8, 6e-3)
@@ -388,30 +390,45 @@ def test_what_is_left_of_the_lag(one_rank):
         lag.stepped(1, 8, 8, 0.001)
     # the blocked budget is 1.1 x 0.8 s rounded up to the nanosecond: 880_000_001 (1.1 x 0.8 is 0.8800000000000001)
     assert (lag.left_ns(False, 1), lag.left_ns(True, 1)) == (400_000_000, 280_000_001)
-    # in wall time, at the pace since the hand-over: 100 steps took 0.1 s where the model predicted 0.6 s, so 1/6 of
-    # it (to the nanosecond: 100 float additions of 0.001 s err by ~1e-17 s)
+    # in wall time, at the last steps' pace: they took 1 ms where the model predicted 6 ms, so 1/6 of it (to the
+    # nanosecond: float sums of 0.001 s err by ~1e-17 s)
     assert lag.left_wall_ns(False, 1) == pytest.approx(66_666_667, abs=1)
     assert lag.left_wall_ns(True, 1) == pytest.approx(46_666_667, abs=1)
+    assert RECENT == 8
+    for _ in range(RECENT):
+        lag.stepped(1, 8, 8, 0.006)
+    assert lag.left_ns(False, 1) == lag.left_wall_ns(False, 1) == 352_000_000
+    lag.handed(0, 1000)  # a new lag: no pace yet, the predicted time as it is
+    assert lag.left_ns(False, 1) == lag.left_wall_ns(False, 1) == 1_000_000_000
     fixed = new_lag(3)
     fixed.handed(0, 1000)
     fixed.stepped(1, 8, 8, 0.001)
     assert fixed.left_ns(True, 7_000_000) == fixed.left_wall_ns(True, 7_000_000) == 14_000_000
 
 
-def test_the_trainers_come_once_their_next_micro_batch_would_end_past_the_load_point():
-    """Told at 8 s that the load point is 250 ms ahead, the trainers run one more micro-batch at 8.125 s if it is
-    predicted to take 62.5 ms (it ends at 8.1875 s) and come if it takes 125 ms (8.25 s). Not told: they run on; the
-    engine's lead gone: they come at once (and hear why). The next micro-batch's time: the last one's, or the last
-    step's at the same poll where that was longer (the update's micro-batches after the logprobs' forward)."""
+def test_the_trainers_come_where_their_wait_beats_the_engines():
+    """Told at 8 s that the load point is 250 ms ahead, at 8.125 s the trainers would wait 125 ms there: they run one
+    more micro-batch if it is predicted to take 125 ms (it ends at the point: the engine would wait 0) or 187.5 ms
+    (the engine would wait 62.5 ms), and come if it takes 250 ms (the engine would wait 125 ms: on a tie they come)
+    or 312.5 ms. Told again (the engine tells at each of its steps), the last word counts; its call (CALLING), or
+    its lead gone: they come at once (and hear why). Not told: they run on. The next micro-batch's time: the last
+    one's, or the last step's at the same poll where that was longer (the update's micro-batches after the logprobs'
+    forward)."""
     from threading import Event
 
     from rlcore.modes.stream.trainer_side import come, next_gap
+    from rlcore.modes.transfer import CALLING
     heard = Event()
-    heard.number, heard.error, heard.at = None, None, None
+    heard.error, heard.said = None, (None, None)
     assert not come(heard, 99.0, 1.0)
-    heard.number, heard.at = 250_000, 8.0  # binary fractions: the sums are exact
+    heard.said = (250_000, 8.0)  # binary fractions: the sums are exact
     heard.set()
-    assert (come(heard, 8.125, 0.0625), come(heard, 8.125, 0.125), come(heard, 8.25, 0.0)) == (False, True, True)
+    assert [come(heard, 8.125, gap) for gap in (0.125, 0.1875, 0.25, 0.3125)] == [False, False, True, True]
+    assert come(heard, 8.25, 0.0)
+    heard.said = (500_000, 8.0625)  # told again, later and farther (the point at 8.5625 s): the last word counts
+    assert (come(heard, 8.125, 0.25), come(heard, 8.5, 0.125)) == (False, True)
+    heard.said = (CALLING, 8.25)  # the engine calls: at once
+    assert come(heard, 8.25, 0.0)
     heard.error = "rank 0 is gone"
     assert come(heard, 0.0, 0.0)
     before = [0.05, 0.05, 0.05, 0.2, 0.2]

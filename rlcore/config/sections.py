@@ -118,8 +118,9 @@ class RolloutConfig:
     # streaming, deterministic loads, one engine: the next batch goes to the trainers once it is complete and they are
     # done with their step, before the engine loads the version that step made; they start the next step with it and
     # send that version at the engine's load point, joined between two of their micro-batches (told how far it is,
-    # they come at the poll after which their next micro-batch would end past it). The load points and every number
-    # are the same either way; what changes is that the trainers no longer wait for the lag.
+    # they come at the poll where their wait there would be no longer than the engine's for one more micro-batch).
+    # The load points and every number are the same either way; what changes is that the trainers no longer wait for
+    # the lag.
     early_handover: bool = True
 
 

@@ -122,24 +122,34 @@ def exchange(link: Link, mine: dict) -> list[dict]:
     return out
 
 
-def listen(group, src: int) -> threading.Event:
+CALLING = -1  # the engine's last word to the trainers before a load, with the early hand-over: it begins (no distance)
+
+
+def listen(group, src: int, until: int | None = None) -> threading.Event:
     """Set once `src` sends one number over `group`, which it keeps as `.number` (streaming: the trainers' "version
     v waits", or with the early hand-over "done, and our micro-batches take this long", to an engine's first rank,
-    Link.ready; the engine's "my load point is this far", to the trainers, Link.calls). A thread receives it: gloo's
-    irecv only completes inside wait(), so polling it from a loop would never see it."""
+    Link.ready). With `until`, it goes on receiving, `.number` and `.at` the latest (and `.said`, both as one pair
+    another thread reads whole), until `src` sends `until` (the engine's "my load point is this far", told again at
+    each engine step, then its call: to the trainers, Link.calls).
+    A thread receives it: gloo's irecv only completes inside wait(), so polling it from a loop would never see it."""
     arrived = threading.Event()
     arrived.number, arrived.error, arrived.at = None, None, None  # at: when it arrived (time.perf_counter)
+    arrived.said = (None, None)
 
     def receive() -> None:
         number = torch.zeros(1, dtype=torch.long)
-        try:
-            dist.recv(number, src=src, group=group)
-            arrived.number = int(number)
-        except Exception as e:  # src's process is gone: whoever waits for the number hears that, not nothing
-            said = str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # gloo: "[file:line] Connection closed..."
-            arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said})"
-        arrived.at = time.perf_counter()
-        arrived.set()
+        while True:
+            try:
+                dist.recv(number, src=src, group=group)
+                arrived.number = int(number)
+            except Exception as e:  # src's process is gone: whoever waits for the number hears that, not nothing
+                said = str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # gloo: "[file:line] Connection closed"
+                arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said})"
+            arrived.at = time.perf_counter()
+            arrived.said = (arrived.number, arrived.at)
+            arrived.set()
+            if until is None or arrived.error is not None or arrived.number == until:
+                return
 
     threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True).start()
     return arrived

@@ -2,14 +2,15 @@
 rlcore/modes/stream/__init__.py's docstring, the trainers' side in trainer_side.py). Where the next batch is complete
 before the engine loads the version the trainers' last step made, the trainers would wait out the lag: the engine
 gives them that batch first (`give`), tells them how far its load point is once it is predicted within two
-micro-batches of theirs (`tell_due`), and begins each load with a call they wait in (`call`). None of it changes
-what the engine decides: the load points, the tokens and every number are the ones without it.
+micro-batches of theirs and again at each engine step after (`tell_due`), and begins each load with a call they
+wait in (`call`). None of it changes what the engine decides: the load points, the tokens and every number are the
+ones without it.
 """
 from __future__ import annotations
 
 from rlcore.distributed.collectives import RunError
 from rlcore.modes.offpolicy import trainers_state
-from rlcore.modes.transfer import Link, error_in, exchange, received, tell
+from rlcore.modes.transfer import CALLING, Link, error_in, exchange, received, tell
 
 # Each method takes `e`, the Engine it serves (rlcore/modes/stream/engine_side.py, which imports this file).
 
@@ -17,12 +18,12 @@ from rlcore.modes.transfer import Link, error_in, exchange, received, tell
 class EarlyHandover:
     """What an engine keeps for the early hand-over: the last batch given to the trainers (beyond the one handed over
     while the load of `handed` is due), its tokens, the trainers' longest time between two micro-batches as they last
-    said it, whether they were told how far the load point is (and how far it was predicted), and the engine's steps and
-    their seconds (a fixed lag, in time)."""
+    said it, the tells of how far the load point is sent since (and how far it was last predicted), and the engine's
+    steps and their seconds (a fixed lag, in time)."""
 
     def __init__(self, link: Link):
         self.on = link.calls is not None  # one engine, deterministic loads (rlcore/modes/stream/__init__.py)
-        self.given, self.tokens, self.gap_ns, self.told, self.left_ns = 0, 0, 0, None, None
+        self.given, self.tokens, self.gap_ns, self.told, self.left_ns = 0, 0, 0, [], None
         self.ran = [0, 0.0]
 
     def early(self, handed: int) -> bool:
@@ -57,33 +58,35 @@ class EarlyHandover:
             self.gap_ns = 1000 * received(e.waiting)  # microseconds, in the trainers' "done" signal
         else:
             e.pending[b] = {}
-        self.given, self.told, e.waiting = b, None, None
+        self.given, self.told, e.waiting = b, [], None
         self.tokens = sum(int(m["batch"].attention_mask.sum()) for m in messages if m.get("batch") is not None)
 
     def tell_due(self, e) -> bool:
         """The trainers hold the next batch and the load point of version `handed` is predicted within two of their
-        longest times between two micro-batches: the lead tells them how far it is (`tell`), and they come to it at
-        the poll after which their next micro-batch would end past it, so that neither side waits longer than the
-        prediction misses by (the trainers at most a micro-batch of theirs, the engine for none of theirs). When, and
-        what it says, do not change what the engine does."""
-        if not (e.lead and self.early(e.handed) and self.told is None):
+        longest times between two micro-batches, or they were told before: the lead tells them how far it is (`tell`),
+        again at each engine step, so that the last word they act on has the engine's latest pace. They come to it at
+        the poll where their wait there would be no longer than the engine's for them after one more micro-batch
+        (trainer_side.come), so that either side waits at most half a micro-batch of theirs and what the prediction
+        misses by. When, and what it says, do not change what the engine does."""
+        if not (e.lead and self.early(e.handed)):
             return False
         self.left_ns = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
-        return self.left_ns is not None and self.left_ns <= 2 * self.gap_ns
+        return self.left_ns is not None and (bool(self.told) or self.left_ns <= 2 * self.gap_ns)
 
     def tell(self, e) -> None:
-        self.told = tell(e.link.calls, e.link.leader, max(self.left_ns // 1000, 0))  # microseconds
+        self.told.append(tell(e.link.calls, e.link.leader, max(self.left_ns // 1000, 0)))  # microseconds
 
     def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
         had one, stops every rank here), or, holding batch v + 1, at the poll between two of its micro-batches
-        after which their next one would end past the point they were told (told now, 0, where they were not told
-        before)."""
-        told = self.told or (tell(e.link.calls, e.link.leader, 0) if self.early(v) and e.lead else None)  # now
-        self.told = None
+        where they would wait there no longer than the engine for them after one more (`tell_due`; CALLING, told now,
+        ends the tells: the trainers come at their next poll where they were not told before)."""
+        told, self.told = self.told, []
+        if self.early(v) and e.lead:
+            told.append(tell(e.link.calls, e.link.leader, CALLING))
         messages = exchange(e.link, {"next": "load", "error": None, "stop": False, "loop": e.loop.state})
-        if told is not None:
-            told.wait()
+        for sent in told:
+            sent.wait()
         if error_in(messages):
             raise RunError(error_in(messages))
         e.loop.state = trainers_state(e.run, messages)

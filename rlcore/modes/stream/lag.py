@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 
 import torch.distributed as dist
 
@@ -47,6 +48,7 @@ from rlcore.distributed.collectives import all_max, all_min
 CALIBRATE = 2  # rollout.load_lag_steps=auto: versions 1..CALIBRATE load at the earliest point while it measures
 NS = 1e9  # auto's budget is in nanoseconds of predicted engine time
 MEASURED = 10  # the counts of running sequences auto's decode line holds for: those it measured this many steps of
+RECENT = 8  # auto's wall pace (what the early hand-over tells the trainers): over this many of the last steps
 
 
 class LoadLag:
@@ -65,6 +67,7 @@ class LoadLag:
         self.in_steps = not self.auto  # the budget's unit: engine steps, or auto's nanoseconds
         self.handed_at, self.spent = 0, 0  # turns.tick at the last hand-over; the budget spent since
         self.taken = 0.0  # the measured seconds of the engine steps since the last hand-over (what spent predicts)
+        self.recent: deque[tuple[float, int]] = deque(maxlen=RECENT)  # auto: (seconds, spent) of the last steps
         # auto, while it measures: (running sequences, tokens computed, seconds) of each step
         self.samples: list[tuple[int, int, float]] = []
         self.ready_s = 0.0  # auto: the trainers' slowest step since the first (which warms up: compiles, allocates)
@@ -79,6 +82,7 @@ class LoadLag:
     def handed(self, tick: int, tokens: int = 0) -> None:
         """Batch v handed over at engine step `tick`; `tokens`: its prompts' and responses' (every engine's)."""
         self.handed_at, self.spent, self.tokens, self.taken = tick, 0, tokens, 0.0
+        self.recent.clear()
 
     def stepped(self, ticks: int, running: int, computed: int = 0, took: float | None = None) -> None:
         """The engine's clock moved `ticks` steps: one engine step of `running` sequences that computed `computed`
@@ -91,7 +95,9 @@ class LoadLag:
             if self.in_steps:
                 self.spent += ticks
             elif took is not None:
-                self.spent += step_cost(self.cost, running, computed)
+                cost = step_cost(self.cost, running, computed)
+                self.spent += cost
+                self.recent.append((took, cost))
         elif self.measuring and took is not None:
             self.samples.append((running, computed, took))
 
@@ -111,13 +117,15 @@ class LoadLag:
         return left * step_ns if self.in_steps else left
 
     def left_wall_ns(self, blocked: bool, step_ns: int) -> int | None:
-        """`left_ns` in wall time: auto's predicted time at the pace its steps have kept since the hand-over (its step
-        model was fitted on the first versions' steps; a machine's speed and a batch's shape move it: x0.86-1.40 in
-        one series on this CPU). What the early hand-over tells the trainers; the load point itself stays data."""
+        """`left_ns` in wall time: auto's predicted time at the pace its last RECENT steps kept (its step model was
+        fitted on the first versions' steps; a machine's speed and a batch's shape move it: x0.86-1.40 over whole
+        lags in one series on this CPU, and x3.97 over the last 0.2 s before one load against x1.29 since its
+        hand-over). What the early hand-over tells the trainers; the load point itself stays data."""
         left = self.left_ns(blocked, step_ns)
-        if left is None or self.in_steps or self.spent <= 0 or self.taken <= 0:
+        took, spent = sum(t for t, _ in self.recent), sum(c for _, c in self.recent)
+        if left is None or self.in_steps or spent <= 0 or took <= 0:
             return left
-        return round(left * self.taken * NS / self.spent)
+        return round(left * took * NS / spent)
 
     def budget(self, blocked: bool = False) -> int:
         """This version's lag: a fixed one's steps; auto's budget (at load_lag_margin_blocked once something waits for

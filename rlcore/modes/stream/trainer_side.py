@@ -12,7 +12,7 @@ import torch.distributed as dist
 from rlcore.batch import Batch
 from rlcore.distributed.collectives import RunError, all_max, all_sum
 from rlcore.modes.offpolicy import my_slice, own_state, probe_logprobs, train_step, trainers_state
-from rlcore.modes.transfer import Link, error_in, exchange, listen, received, send_weights, tell
+from rlcore.modes.transfer import CALLING, Link, error_in, exchange, listen, received, send_weights, tell
 
 if TYPE_CHECKING:
     from rlcore.modes.loop import Loop
@@ -147,7 +147,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
                 for sent in told:
                     sent.wait()
                 batch = my_slice(run, call, [call[0]["batch"]])
-                pending.update(t=t, header=header, heard=listen(link.calls, leads[0]) if leader else None)
+                pending.update(t=t, header=header,
+                               heard=listen(link.calls, leads[0], until=CALLING) if leader else None)
                 continue
         waiting(send_weights, run, link, header)
         for sent in told:
@@ -170,13 +171,18 @@ def next_gap(gaps: dict) -> float:
 
 
 def come(heard, now: float, gap: float) -> bool:
-    """Whether to go to the engine's load point now: it said how far it was (microseconds of predicted wall time,
-    `listen`'s number, at `heard.at`), and the next micro-batch would end after that; or its lead is gone."""
+    """Whether to go to the engine's load point now: it last said how far it was (microseconds of predicted wall
+    time, `listen`'s number, at `heard.at`: `heard.said`), and the trainers' wait there now would be no longer than
+    the engine's for them if they ran their next micro-batch first (which takes `gap`); or it calls (the load
+    begins); or its lead is gone. Either wait costs a step the same where the best split of the GPUs balances the
+    engines' time with the trainers' (benchmarks/async_paper.py)."""
     if not heard.is_set():
         return False
     if heard.error is not None:
         return True
-    return now + gap >= heard.at + heard.number / 1e6
+    number, at = heard.said
+    point = at + number / 1e6
+    return number == CALLING or point - now <= now + gap - point
 
 
 class LoadFailed(Exception):
