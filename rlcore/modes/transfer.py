@@ -34,7 +34,8 @@ class Link:
     leads: object = None
     # rollout.free_loads or rollout.early_handover: rank R and each engine's first rank over gloo, "version v waits"
     ready: object = None
-    # rollout.early_handover: the same ranks, the other way: "my load point is this far" (microseconds; 0: now)
+    # rollout.early_handover: the same ranks, the other way: "my load point is this far" (microseconds, told at
+    # each engine step; CALLING: the load begins)
     calls: object = None
 
     @staticmethod

@@ -80,7 +80,7 @@ class EarlyHandover:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
         had one, stops every rank here), or, holding batch v + 1, at the poll between two of its micro-batches
         where they would wait there no longer than the engine for them after one more (`tell_due`; CALLING, told now,
-        ends the tells: the trainers come at their next poll where they were not told before)."""
+        ends the tells: the trainers come at their next poll)."""
         told, self.told = self.told, []
         if self.early(v) and e.lead:
             told.append(tell(e.link.calls, e.link.leader, CALLING))

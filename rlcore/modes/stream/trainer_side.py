@@ -73,10 +73,10 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
 
     def poll(final: bool) -> None:
         """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll):
-        join its load once the engine has said how far it is and the next micro-batch would end after it (every
-        trainer rank agrees on the first rank's word), and before the step changes a weight in any case. The engine
-        gives a batch early only when that load needs no checkpoint, eval or export. What stops the run there is not
-        this step's error: it leaves the loop."""
+        join its load once the engine has said how far it is and the trainers' wait there would be no longer than
+        the engine's for them after one more micro-batch (`come`; every trainer rank agrees on the first rank's
+        word), and before the step changes a weight in any case. The engine gives a batch early only when that load
+        needs no checkpoint, eval or export. What stops the run there is not this step's error: it leaves the loop."""
         now = time.perf_counter()
         gaps["step"].append(now - gaps["last"])
         gaps.update(max=max(gaps["max"], gaps["step"][-1]), last=now)
