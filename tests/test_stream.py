@@ -439,6 +439,87 @@ def test_the_trainers_come_where_their_wait_beats_the_engines():
     assert next_gap({"step": [0.07], "before": []}) == 0.07
 
 
+def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
+    """The trainers' listener (transfer.listen with until=CALLING) keeps the engine's latest word and its time as one
+    pair, and ends at the call, leaving what comes after it to the next listener; a receive that fails (the engine's
+    lead is gone) sets it with gloo's reason in one line, and received() raises PeerGone with it; so does a tell
+    whose receiver is gone."""
+    import queue
+
+    from rlcore.distributed.collectives import PeerGone
+    from rlcore.modes import transfer
+    words = queue.Queue()
+
+    def recv(tensor, src, group):
+        word = words.get(timeout=30)
+        if isinstance(word, Exception):
+            raise word
+        tensor.fill_(word)
+
+    monkeypatch.setattr(transfer.dist, "recv", recv)
+    heard = transfer.listen(None, 0, until=transfer.CALLING)
+    assert not heard.wait(0.05) and heard.said == (None, None)
+    for word in (250_000, 125_000):
+        t0 = time.perf_counter()
+        words.put(word)
+        while heard.said[0] != word:
+            time.sleep(0.001)
+        assert t0 <= heard.said[1] <= time.perf_counter() and heard.is_set()
+    words.put(transfer.CALLING)
+    heard.thread.join(timeout=30)
+    assert not heard.thread.is_alive() and heard.said[0] == transfer.received(heard) == transfer.CALLING
+    words.put(7)  # the next listener's: left in the channel
+    assert words.get(timeout=1) == 7
+    gone = transfer.listen(None, 0, until=transfer.CALLING)
+    words.put(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+                           "[127.0.0.1]:29500. Extra words"))
+    gone.thread.join(timeout=30)
+    says = "rank 0 is gone: its connection closed before it sent its signal (Connection closed by peer [127.0.0.1]:29500)"
+    assert gone.error == says
+    with pytest.raises(PeerGone, match=re.escape(says)):
+        transfer.received(gone)
+
+    class Lost:
+        def wait(self):
+            raise RuntimeError("[pair.cc:534] Connection closed by peer [127.0.0.1]:29501")
+
+    with pytest.raises(PeerGone, match=re.escape("rank 1 is gone: its connection closed before it took a signal "
+                                                 "(Connection closed by peer [127.0.0.1]:29501)")):
+        transfer.Told(1, Lost()).wait()
+
+
+def test_the_engine_tells_once_a_step(monkeypatch):
+    """EarlyHandover.tell_due on the engine's lead, the trainers holding the next batch, their longest micro-batch
+    50 ms: the first tell once the point is within two of them (100 ms; at 150 ms not yet), then one per engine step,
+    and with no step (the engine waits for environments) one per 50 ms, not one per pass of its loop."""
+    from types import SimpleNamespace as NS
+
+    from rlcore.modes.stream import early
+    told = []
+    monkeypatch.setattr(early, "tell", lambda group, dst, number: told.append(number) or NS(wait=lambda: None))
+    hand = early.EarlyHandover(NS(calls=object()))
+    hand.given, hand.gap_ns = 3, 50_000_000
+    left = [150_000_000]
+    e = NS(lead=True, handed=2, turns=NS(tick=10), waits=lambda: False, link=NS(calls=None, leader=1),
+           lag=NS(left_wall_ns=lambda blocked, step_ns: left[0]))
+
+    def pass_(tick: int) -> bool:
+        e.turns.tick = tick
+        if hand.tell_due(e):
+            hand.tell(e)
+            return True
+        return False
+
+    assert not pass_(10)
+    left[0] = 100_000_000
+    assert [pass_(t) for t in (11, 11, 11, 12, 12)] == [True, False, False, True, False]
+    assert told == [100_000] * 2  # microseconds
+    hand.told_at = (12, time.perf_counter_ns() - 50_000_001)  # 50 ms and a nanosecond with no engine step
+    assert (pass_(12), pass_(12)) == (True, False)
+    e.handed = 3  # the version of the batch given has loaded (the trainers hold no next batch): nothing to tell
+    assert not pass_(13) and len(told) == 3
+
+
 def test_a_load_lets_admission_start_what_it_may_first(one_rank):
     """The engine's decision at a step boundary after a hand-over (Engine.load_due), on its own state: batches of
     2 groups of 4, 8 slots, k=2, a fixed lag of 3 steps not yet spent. With nothing in flight and batch 7's first

@@ -144,15 +144,15 @@ def listen(group, src: int, until: int | None = None) -> threading.Event:
                 dist.recv(number, src=src, group=group)
                 arrived.number = int(number)
             except Exception as e:  # src's process is gone: whoever waits for the number hears that, not nothing
-                said = str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]  # gloo: "[file:line] Connection closed"
-                arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said})"
+                arrived.error = f"rank {src} is gone: its connection closed before it sent its signal ({said(e)})"
             arrived.at = time.perf_counter()
             arrived.said = (arrived.number, arrived.at)
             arrived.set()
             if until is None or arrived.error is not None or arrived.number == until:
                 return
 
-    threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True).start()
+    arrived.thread = threading.Thread(target=receive, name="rlcore-stream-listen", daemon=True)
+    arrived.thread.start()
     return arrived
 
 
@@ -165,9 +165,27 @@ def received(arrived: threading.Event) -> int:
     return arrived.number
 
 
-def tell(group, dst: int, number: int):
-    """The other end of `listen`: one number to `dst` over `group` (wait() the returned work)."""
-    return dist.isend(torch.tensor([number]), dst=dst, group=group)
+def tell(group, dst: int, number: int) -> Told:
+    """The other end of `listen`: one number to `dst` over `group` (wait() the returned send)."""
+    return Told(dst, dist.isend(torch.tensor([number]), dst=dst, group=group))
+
+
+@dataclass
+class Told:
+    dst: int
+    work: object
+
+    def wait(self) -> None:
+        """Until the number is sent; PeerGone, as `received`, if `dst`'s process is gone (its connection closed)."""
+        try:
+            self.work.wait()
+        except Exception as e:
+            raise PeerGone(f"rank {self.dst} is gone: its connection closed before it took a signal ({said(e)})") from e
+
+
+def said(e: Exception) -> str:
+    """gloo's error, its first words: "[file:line] Connection closed by peer ..." -> "Connection closed by peer"."""
+    return str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]
 
 
 def error_in(messages: list[dict]) -> str | None:

@@ -8,6 +8,8 @@ ones without it.
 """
 from __future__ import annotations
 
+import time
+
 from rlcore.distributed.collectives import RunError
 from rlcore.modes.offpolicy import trainers_state
 from rlcore.modes.transfer import CALLING, Link, error_in, exchange, received, tell
@@ -24,6 +26,9 @@ class EarlyHandover:
     def __init__(self, link: Link):
         self.on = link.calls is not None  # one engine, deterministic loads (rlcore/modes/stream/__init__.py)
         self.given, self.tokens, self.gap_ns, self.told, self.left_ns = 0, 0, 0, [], None
+        # the engine step of the last tell and when it was (perf_counter_ns): a tell a step, and while the engine
+        # waits for environments, one per time between two of the trainers' polls (they read no more often)
+        self.told_at = (None, 0)
         self.ran = [0, 0.0]
 
     def early(self, handed: int) -> bool:
@@ -64,16 +69,21 @@ class EarlyHandover:
     def tell_due(self, e) -> bool:
         """The trainers hold the next batch and the load point of version `handed` is predicted within two of their
         longest times between two micro-batches, or they were told before: the lead tells them how far it is (`tell`),
-        again at each engine step, so that the last word they act on has the engine's latest pace. They come to it at
+        again at each engine step (and while it waits for environments without a step, once per such time of
+        theirs: they read it no more often), so that the last word they act on has the engine's latest pace. They come to it at
         the poll where their wait there would be no longer than the engine's for them after one more micro-batch
         (trainer_side.come), so that either side waits at most half a micro-batch of theirs and what the prediction
         misses by. When, and what it says, do not change what the engine does."""
         if not (e.lead and self.early(e.handed)):
             return False
+        tick, at = self.told_at
+        if self.told and tick == e.turns.tick and time.perf_counter_ns() - at < self.gap_ns:
+            return False
         self.left_ns = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
         return self.left_ns is not None and (bool(self.told) or self.left_ns <= 2 * self.gap_ns)
 
     def tell(self, e) -> None:
+        self.told_at = (e.turns.tick, time.perf_counter_ns())
         self.told.append(tell(e.link.calls, e.link.leader, max(self.left_ns // 1000, 0)))  # microseconds
 
     def call(self, e, v: int) -> None:

@@ -90,6 +90,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
                 received(heard)  # the engine's lead is gone: stop here, not in the load's exchange
             t0 = time.perf_counter()
             waiting(agree, {})  # the engine's call for the load of version t
+            if heard is not None:  # its lead told CALLING before this exchange: the listener ends with it, before the
+                heard.thread.join()  # next step's listener receives from the same rank
             gaps["joined_s"] = time.perf_counter() - t0  # waiting for the engine's load point
             waiting(send_weights, run, link, header)
             control(t)
