@@ -378,7 +378,8 @@ def test_what_is_left_of_the_lag(one_rank):
     and 0.88 s; after 100 steps (0.6 s predicted, 0.1 s taken) 0.4 s is left, 0.28 s once something waits for the
     version; in wall time a sixth of each. Then 8 steps that take what the model says (6 ms): 0.352 s left, in wall
     time the same, although the 108 steps since the hand-over took 0.148 s of 0.648 s predicted. A lag of 3 engine
-    steps, one step in: 2 steps x the engine's mean step. None while auto measures."""
+    steps: 2 steps left x the engine's mean step before any step since the hand-over, then x the mean of its last
+    RECENT (1 ms, then 2 ms: the oldest of 9 left out). None while auto measures."""
     from rlcore.modes.stream.lag import RECENT
     lag = new_lag("auto", blocked=1.1)
     assert lag.left_ns(False, 10**6) is None
@@ -402,8 +403,16 @@ def test_what_is_left_of_the_lag(one_rank):
     assert lag.left_ns(False, 1) == lag.left_wall_ns(False, 1) == 1_000_000_000
     fixed = new_lag(3)
     fixed.handed(0, 1000)
-    fixed.stepped(1, 8, 8, 0.001)
+    fixed.stepped(1, 8, 8)  # a jump to the next join (no step): a step of the lag, no pace
     assert fixed.left_ns(True, 7_000_000) == fixed.left_wall_ns(True, 7_000_000) == 14_000_000
+    fixed.handed(0, 1000)
+    fixed.stepped(1, 8, 8, 0.001)
+    assert (fixed.left_ns(True, 7_000_000), fixed.left_wall_ns(True, 7_000_000)) == (14_000_000, 2_000_000)
+    long = new_lag(20)
+    long.handed(0, 1000)
+    for took in [0.001] + [0.002] * RECENT:
+        long.stepped(1, 8, 8, took)
+    assert long.left_wall_ns(False, 7_000_000) == 11 * 2_000_000
 
 
 def test_the_trainers_come_where_their_wait_beats_the_engines():

@@ -67,7 +67,7 @@ class LoadLag:
         self.in_steps = not self.auto  # the budget's unit: engine steps, or auto's nanoseconds
         self.handed_at, self.spent = 0, 0  # turns.tick at the last hand-over; the budget spent since
         self.taken = 0.0  # the measured seconds of the engine steps since the last hand-over (what spent predicts)
-        self.recent: deque[tuple[float, int]] = deque(maxlen=RECENT)  # auto: (seconds, spent) of the last steps
+        self.recent: deque[tuple[float, int]] = deque(maxlen=RECENT)  # (seconds, spent) of the last engine steps
         # auto, while it measures: (running sequences, tokens computed, seconds) of each step
         self.samples: list[tuple[int, int, float]] = []
         self.ready_s = 0.0  # auto: the trainers' slowest step since the first (which warms up: compiles, allocates)
@@ -94,6 +94,8 @@ class LoadLag:
         if self.cost is not None:
             if self.in_steps:
                 self.spent += ticks
+                if took is not None:
+                    self.recent.append((took, 1))
             elif took is not None:
                 cost = step_cost(self.cost, running, computed)
                 self.spent += cost
@@ -117,14 +119,17 @@ class LoadLag:
         return left * step_ns if self.in_steps else left
 
     def left_wall_ns(self, blocked: bool, step_ns: int) -> int | None:
-        """`left_ns` in wall time: auto's predicted time at the pace its last RECENT steps kept (its step model was
-        fitted on the first versions' steps; a machine's speed and a batch's shape move it: x0.86-1.40 over whole
-        lags in one series on this CPU, and x3.97 over the last 0.2 s before one load against x1.29 since its
-        hand-over). What the early hand-over tells the trainers; the load point itself stays data."""
+        """`left_ns` in wall time, at the pace the last RECENT engine steps since the hand-over kept: auto's predicted
+        time (its step model was fitted on the first versions' steps; a machine's speed and a batch's shape move it:
+        x0.86-1.40 over whole lags in one series on this CPU, and x3.97 over the last 0.2 s before one load against
+        x1.29 since its hand-over), a fixed lag's steps left at their mean time (`step_ns`, the run's mean, before
+        any). What the early hand-over tells the trainers; the load point itself stays data."""
         left = self.left_ns(blocked, step_ns)
         took, spent = sum(t for t, _ in self.recent), sum(c for _, c in self.recent)
-        if left is None or self.in_steps or spent <= 0 or took <= 0:
+        if left is None or spent <= 0 or took <= 0:
             return left
+        if self.in_steps:
+            return self.left_ns(blocked, round(took * NS / spent))
         return round(left * took * NS / spent)
 
     def budget(self, blocked: bool = False) -> int:
