@@ -3,7 +3,7 @@ across step boundaries, hands batches over and loads versions between two engine
 timing and the decisions every rank of a tensor-parallel engine agrees on. The design, the exchanges and the
 guarantees: rlcore/modes/stream/__init__.py.
 
-Why one file of ~370 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
+Why one file of ~400 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
 read as one loop.
 """
 from __future__ import annotations
