@@ -207,16 +207,17 @@ _builder_log: Path | None = None
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The unit tier first, then the slow tier (each in file order, but the unit tests that need a warm start at
-    the unit tier's end). With slow tests to come, one process builds
+    """The unit tier first, then the slow tier (each in file order, but the unit tests that may need a warm start
+    at the unit tier's end). With slow tests to come, one process builds
     the warm starts meanwhile, on the core the single-threaded unit tier leaves idle: otherwise each build runs
     inside the first run that needs it, on its rank 0, while the other rank waits."""
     global _builder, _builder_log
     slow = [item for item in items if item.get_closest_marker("slow")]
     unit = [item for item in items if not item.get_closest_marker("slow")]
-    # The unit tests that break a copy of the demo's model wait for its build: last in their tier, they find it
-    # built (first in file order, they waited ~27 s of the tier's ~115 s for it with one core idle).
-    waits = [item for item in unit if "demo_model" in getattr(item, "fixturenames", ())]
+    # The unit tests that break a copy of the demo's model, and those that run launch/train.py in the entry server
+    # (whose recipes prepare their warm starts first), wait for the builds: last in their tier, they find them
+    # built (first in file order, each such group waited ~26-27 s of the tier's ~110-130 s with one core idle).
+    waits = [item for item in unit if {"demo_model", "entry"} & set(getattr(item, "fixturenames", ()))]
     items[:] = [item for item in unit if item not in waits] + waits + slow
     if slow and _builder is None:
         log = tempfile.NamedTemporaryFile("w", prefix="rlcore-warm-starts-", suffix=".log", delete=False)
