@@ -196,6 +196,17 @@ def tiny_models(tmp_path_factory) -> dict[str, Path]:
     return {arch: tiny.build_random_model(root / arch, arch=arch, seed=0) for arch in ("qwen2", "qwen3", "llama")}
 
 
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    """The demo's model folder, built by its prepare step (or by the suite's warm-start process: it waits for it).
+    A unit test that needs it takes this fixture, which runs it at the unit tier's end (the suite's order, below)."""
+    from rlcore.config.cli import parse_argv
+    from rlcore.tasks import tiny
+
+    tiny.prepare(parse_argv(["recipe=demo"], ROOT / "recipes"))
+    return tiny.model_dir()
+
+
 # ---- the suite's order, and the warm starts built ahead -----------------------------------------------------
 
 # The tiny tasks' warm starts (rlcore/tasks/), in the order the slow tier first needs them. Built once into
@@ -214,9 +225,9 @@ def pytest_collection_modifyitems(session, config, items):
     global _builder, _builder_log
     slow = [item for item in items if item.get_closest_marker("slow")]
     unit = [item for item in items if not item.get_closest_marker("slow")]
-    # The unit tests that break a copy of the demo's model, and those that run launch/train.py in the entry server
-    # (whose recipes prepare their warm starts first), wait for the builds: last in their tier, they find them
-    # built (first in file order, each such group waited ~26-27 s of the tier's ~110-130 s with one core idle).
+    # The unit tests that need the demo's model (`demo_model`), and those that run launch/train.py in the entry
+    # server (whose recipes prepare their warm starts first), wait for the builds: last in their tier, they find
+    # them built (the first of them in file order waited ~24-27 s of the tier's ~110-135 s with one core idle).
     waits = [item for item in unit if {"demo_model", "entry"} & set(getattr(item, "fixturenames", ()))]
     items[:] = [item for item in unit if item not in waits] + waits + slow
     if slow and _builder is None:

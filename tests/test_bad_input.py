@@ -28,16 +28,6 @@ def rejected(proc, out) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory):
-    """A copy of the demo's model folder (built by its prepare step), to break in place."""
-    from rlcore.config.cli import parse_argv
-    from rlcore.tasks import tiny
-
-    tiny.prepare(parse_argv(["recipe=demo"], ROOT / "recipes"))
-    return tiny.model_dir()
-
-
 def broken_model(tmp_path, demo_model, how):
     path = tmp_path / "model"
     shutil.copytree(demo_model, path)

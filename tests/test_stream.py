@@ -82,16 +82,14 @@ def test_bad_stream_settings(overrides, says):
     assert str(e.value) == says
 
 
-def test_max_running_must_fit_the_kv_cache():
+def test_max_running_must_fit_the_kv_cache(demo_model):
     """The demo's engine context is 24 tokens (16 prompt + 8 new): 2 layers x 2 KV heads x 32 dims x 4 bytes x 2
     (K and V) = 1 KiB a token, 32 KiB a 32-token block-rounded sequence; 1 MiB of KV holds 32 of them. A rank of a
     TP=2 engine caches 1 of the 2 heads: 64 of them. By default an engine runs its share of one step's batch: 256
     sequences with one engine, 128 each with two."""
     from rlcore.models import build as models
     from rlcore.preflight.checks import check_running
-    from rlcore.tasks import tiny
 
-    tiny.prepare()  # the demo's model: built, or being built by the suite's warm-start process (it waits for it)
     cfg = split_config(*STREAM[1:], "rollout.max_running=33", f"rollout.cpu_kv_cache_gb={1 / 1024}")
     hf = models.check_model(cfg.model.path)
     with pytest.raises(ValueError) as e:
