@@ -469,9 +469,9 @@ def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
     for word in (250_000, 125_000):
         t0 = time.perf_counter()
         words.put(word)
-        while heard.said[0] != word:
+        while heard.said[0] != word and time.perf_counter() < t0 + 30:
             time.sleep(0.001)
-        assert t0 <= heard.said[1] <= time.perf_counter() and heard.is_set()
+        assert heard.said[0] == word and t0 <= heard.said[1] <= time.perf_counter() and heard.is_set()
     words.put(transfer.CALLING)
     heard.thread.join(timeout=30)
     assert not heard.thread.is_alive() and heard.said[0] == transfer.received(heard) == transfer.CALLING
@@ -485,6 +485,7 @@ def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
     assert gone.error == says
     with pytest.raises(PeerGone, match=re.escape(says)):
         transfer.received(gone)
+    assert transfer.said(TimeoutError()) == "TimeoutError"  # an error without words: its kind
 
     class Lost:
         def wait(self):
@@ -498,12 +499,14 @@ def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
 def test_the_engine_tells_once_a_step(monkeypatch):
     """EarlyHandover.tell_due on the engine's lead, the trainers holding the next batch, their longest micro-batch
     50 ms: the first tell once the point is within two of them (100 ms; at 150 ms not yet), then one per engine step,
-    and with no step (the engine waits for environments) one per 50 ms, not one per pass of its loop."""
+    and with no step (the engine waits for environments) one per 50 ms, not one per pass of its loop (its clock
+    moved by hand)."""
     from types import SimpleNamespace as NS
 
     from rlcore.modes.stream import early
-    told = []
+    told, clock = [], [10**12]  # the engine's clock (perf_counter_ns), moved by hand
     monkeypatch.setattr(early, "tell", lambda group, dst, number: told.append(number) or NS(wait=lambda: None))
+    monkeypatch.setattr(early, "time", NS(perf_counter_ns=lambda: clock[0]))
     hand = early.EarlyHandover(NS(calls=object()))
     hand.given, hand.gap_ns = 3, 50_000_000
     left = [150_000_000]
@@ -521,7 +524,9 @@ def test_the_engine_tells_once_a_step(monkeypatch):
     left[0] = 100_000_000
     assert [pass_(t) for t in (11, 11, 11, 12, 12)] == [True, False, False, True, False]
     assert told == [100_000] * 2  # microseconds
-    hand.told_at = (12, time.perf_counter_ns() - 50_000_001)  # 50 ms and a nanosecond with no engine step
+    clock[0] += 49_999_999  # no engine step for just under 50 ms: not yet
+    assert not pass_(12)
+    clock[0] += 1  # 50 ms
     assert (pass_(12), pass_(12)) == (True, False)
     e.handed = 3  # the version of the batch given has loaded (the trainers hold no next batch): nothing to tell
     assert not pass_(13) and len(told) == 3

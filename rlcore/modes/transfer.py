@@ -185,7 +185,7 @@ class Told:
 
 def said(e: Exception) -> str:
     """gloo's error, its first words: "[file:line] Connection closed by peer ..." -> "Connection closed by peer"."""
-    return str(e).splitlines()[0].split("] ", 1)[-1].split(". ")[0]
+    return (str(e).splitlines() or [type(e).__name__])[0].split("] ", 1)[-1].split(". ")[0]
 
 
 def error_in(messages: list[dict]) -> str | None:

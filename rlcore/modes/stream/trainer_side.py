@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from rlcore.batch import Batch
+from rlcore.distributed import watchdog
 from rlcore.distributed.collectives import RunError, all_max, all_sum
 from rlcore.modes.offpolicy import my_slice, own_state, probe_logprobs, train_step, trainers_state
 from rlcore.modes.transfer import CALLING, Link, error_in, exchange, listen, received, send_weights, tell
@@ -91,7 +92,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
             t0 = time.perf_counter()
             waiting(agree, {})  # the engine's call for the load of version t
             if heard is not None:  # its lead told CALLING before this exchange: the listener ends with it, before the
-                heard.thread.join()  # next step's listener receives from the same rank
+                with watchdog.stage("the engine's call", waits=True):  # next step's listener receives from that rank
+                    heard.thread.join()
             gaps["joined_s"] = time.perf_counter() - t0  # waiting for the engine's load point
             waiting(send_weights, run, link, header)
             control(t)
