@@ -481,7 +481,8 @@ def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
     words.put(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
                            "[127.0.0.1]:29500. Extra words"))
     gone.thread.join(timeout=30)
-    says = "rank 0 is gone: its connection closed before it sent its signal (Connection closed by peer [127.0.0.1]:29500)"
+    says = ("rank 0 is gone: its connection closed before it sent its signal "
+            "(Connection closed by peer [127.0.0.1]:29500)")
     assert gone.error == says
     with pytest.raises(PeerGone, match=re.escape(says)):
         transfer.received(gone)

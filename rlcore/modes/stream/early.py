@@ -70,10 +70,10 @@ class EarlyHandover:
         """The trainers hold the next batch and the load point of version `handed` is predicted within two of their
         longest times between two micro-batches, or they were told before: the lead tells them how far it is (`tell`),
         again at each engine step (and while it waits for environments without a step, once per such time of
-        theirs: they read it no more often), so that the last word they act on has the engine's latest pace. They come to it at
-        the poll where their wait there would be no longer than the engine's for them after one more micro-batch
-        (trainer_side.come), so that either side waits at most half a micro-batch of theirs and what the prediction
-        misses by. When, and what it says, do not change what the engine does."""
+        theirs: they read it no more often), so that the last word they act on has the engine's latest pace. They
+        come to it at the poll where their wait there would be no longer than the engine's for them after one more
+        micro-batch (trainer_side.come), so that either side waits at most half a micro-batch of theirs and what the
+        prediction misses by. When, and what it says, do not change what the engine does."""
         if not (e.lead and self.early(e.handed)):
             return False
         tick, at = self.told_at
