@@ -212,16 +212,22 @@ def test_auto_lag_step_model_by_hand():
     count computing 100 tokens more in 3 ms more: 2 ms + 0.5 ms a sequence for 8-16 sequences, 30 us a token (the
     4-sequence one's decode charged 4/8 of 8 sequences' 6 ms). A GPU's flat step: 3 ms, 0 a sequence. Steps
     faster with more sequences: the slope is taken as 0 and the base is their weighted mean. One count: its
-    median. No step without a prefill: the line through all."""
+    mean, slow steps included (the lag is a sum: 1 + 2 + 9 ms are three steps of 4). No step without a prefill:
+    the line through all. Prefills of 10 and 100 tokens beyond one a sequence, each 1 ms beyond the line: 2 ms
+    over 110 tokens (not the median of 100 and 10 us a token: the two steps together take what it predicts)."""
     def close(got, want):  # sums of a few dozen terms of at most 1 (steps x sequences x seconds): ~10 eps of 1
         return all(abs(g - w) <= 10 * torch.finfo(torch.float64).eps for g, w in zip(got, want, strict=True))
 
     line = [(n, n, (2 + 0.5 * n) / 1e3) for n, steps in ((4, 3), (8, 10), (16, 10)) for _ in range(steps)]
     prefill = [(4, 104, 6e-3)] + [(n, n + 100, (5 + 0.5 * n) / 1e3) for n in (8, 16)]
-    assert close(step_model(line + prefill), (2e-3, 0.5e-3, 30e-6, 8, 16))
+    base, per_seq, per_token, lo, hi = step_model(line + prefill)
+    assert close((base, per_seq, lo, hi), (2e-3, 0.5e-3, 8, 16))
+    # the line's charge below lo is floored to a whole nanosecond (step_cost): 1 ns at most of the 300 tokens' 9 ms
+    assert abs(per_token - 30e-6) <= 1e-9 / 300 + 10 * torch.finfo(torch.float64).eps
     assert close(step_model([(n, n, 3e-3) for n in (1, 64, 256)]), (3e-3, 0.0, 0.0, 1, 256))
     assert close(step_model([(4, 4, 6e-3), (4, 4, 6e-3), (8, 8, 3e-3)]), (5e-3, 0.0, 0.0, 4, 8))
-    assert close(step_model([(8, 8, 1e-3), (8, 8, 2e-3), (8, 8, 9e-3)]), (2e-3, 0.0, 0.0, 8, 8))
+    assert close(step_model([(8, 8, 1e-3), (8, 8, 2e-3), (8, 8, 9e-3)]), (4e-3, 0.0, 0.0, 8, 8))
+    assert close(step_model([(8, 8, 4e-3)] * 10 + [(8, 18, 5e-3), (8, 108, 5e-3)]), (4e-3, 0.0, 2e-3 / 110, 8, 8))
     assert close(step_model([(8, 108, 5e-3), (8, 108, 5e-3)]), (5e-3, 0.0, 0.0, 8, 8))
     # what a step spends (ns): 2 ms + 0.5 ms a sequence over 8-16, 30 us a token beyond one a sequence
     cost = (2_000_000, 500_000, 30_000, 8, 16, 10**9)

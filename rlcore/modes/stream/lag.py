@@ -34,6 +34,13 @@ line through the steps with no prefill plus the median cost of a prefill token p
 it measured a straight line is not safe: at max_running=64 the first versions run 16-64 sequences and the rest
 mostly 8, and the line carried down to 8 predicted 1.19x the decode steps' time (a budget spent before the
 trainers are done: a freeze). Charging those counts low leaves 0.96x.
+
+Means, not medians (RESULTS.md, "auto's step model fitted to sums"): the budget is a sum of steps, so the model is
+fitted to reproduce sums. A step's time is skewed: with an agent's tools answering in threads beside the engine,
+the median decode step of 8 sequences took 4.2 ms and the mean 11.3 ms, and a line through medians predicted the
+calibration's own steps x1.29 too fast (every later lag x1.20-1.26 longer than its budget: loads late, the next
+batch's groups held back, deterministic loads x0.88 of free ones). Through means, with a prefill token charged at
+its total over the tokens, the same steps predict 1.00x and the later ones 0.97x.
 """
 from __future__ import annotations
 
@@ -245,17 +252,18 @@ def step_cost(cost: tuple[int, ...], running: int, computed: int) -> int:
 
 def step_model(samples: list[tuple[int, int, float]]) -> tuple[float, float, float, int, int]:
     """(base, per_seq, per_token seconds, lo, hi) from (running, computed, seconds) steps. The decode line: least
-    squares through the median step time at each running count of the steps that computed one token a sequence
+    squares through the mean step time at each running count of the steps that computed one token a sequence
     (none prefilled), weighted by the count's steps; a slope below 0 is taken as 0, an intercept below 0 as 0.
     lo..hi: the counts it holds for, the smallest and largest with MEASURED such steps (else all measured). The
-    prefill: the median over the other steps of their time beyond the line per token beyond one a sequence."""
+    prefill: the other steps' time beyond the line over their tokens beyond one a sequence, both summed (the
+    module docstring: the model predicts sums)."""
     decoding = [(n, t) for n, c, t in samples if c <= n] or [(n, t) for n, _, t in samples]
     by: dict[int, list[float]] = {}
     for running, took in decoding:
         by.setdefault(running, []).append(took)
     if not by:
         return 1.0, 0.0, 0.0, 0, 0
-    points = [(n, statistics.median(ts), len(ts)) for n, ts in by.items()]
+    points = [(n, statistics.fmean(ts), len(ts)) for n, ts in by.items()]
     total = sum(w for _, _, w in points)
     n_mean = sum(n * w for n, _, w in points) / total
     t_mean = sum(t * w for _, t, w in points) / total
@@ -265,6 +273,6 @@ def step_model(samples: list[tuple[int, int, float]]) -> tuple[float, float, flo
     counts = [n for n, _, w in points if w >= MEASURED] or [n for n, _, _ in points]
     lo, hi = min(counts), max(counts)
     line = (base * NS, per_seq * NS, 0, lo, hi, 0)
-    excess = [(t - step_cost(line, n, n) / NS) / (c - n) for n, c, t in samples if c > n]
-    per_token = max(statistics.median(excess), 0.0) if excess else 0.0
+    prefills = [(t - step_cost(line, n, n) / NS, c - n) for n, c, t in samples if c > n]
+    per_token = max(sum(t for t, _ in prefills) / sum(c for _, c in prefills), 0.0) if prefills else 0.0
     return base, per_seq, per_token, lo, hi
