@@ -28,9 +28,9 @@ batch's own, prompts and responses of every engine's share: data, not timing.
 
 Why these parts (benchmarks/RESULTS.md, "auto's lag with the step's prefill"): what a step costs beyond its count
 is the prefill it also does, the turns' contexts and the start's fresh prompts, a third of the steps' time at 16
-sequences of the long-tail benchmark. The median step time at each count leaves the prefills out (it predicted
-0.62-0.76x the windows' time there: a lag that lasts longer than its budget, which costs occupancy); the decode
-line through the steps with no prefill plus the median cost of a prefill token predicts 0.99x. Outside the counts
+sequences of the long-tail benchmark. A step time at each count taken over all steps leaves the prefills out (it
+predicted 0.62-0.76x the windows' time there: a lag that lasts longer than its budget, which costs occupancy); the
+decode line through the steps with no prefill plus a prefill token's cost predicts 0.99x. Outside the counts
 it measured a straight line is not safe: at max_running=64 the first versions run 16-64 sequences and the rest
 mostly 8, and the line carried down to 8 predicted 1.19x the decode steps' time (a budget spent before the
 trainers are done: a freeze). Charging those counts low leaves 0.96x.
