@@ -79,6 +79,14 @@ CONTENDERS = {
     # protocol before the early hand-over; the same load points and numbers)
     "stream k=2 r16 late": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                             "rollout.early_handover=false"],
+    # ... with 4 or 8 trajectories admitted beyond the 16 while some wait for their tool (rollout.max_waiting): the
+    # engine still runs 16 at most, and the slots a tool's wait held run the next trajectories' turns
+    "stream k=2 r16 w4": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                          "rollout.max_waiting=4"],
+    "stream k=2 r16 w8": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                          "rollout.max_waiting=8"],
+    "stream k=2 r16 w8 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                               "rollout.max_waiting=8", "rollout.free_loads=true"],
     # ... with one more version of slack: where the two sides are balanced, how much of the engine's idle share is
     # the other side's step-to-step spread
     "stream k=3 r16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=3", "rollout.max_running=16"],

@@ -578,12 +578,13 @@ def test_a_rollouts_first_calls_are_gathered_into_one_engine_step(tok, monkeypat
 
 # ---- agents in streaming (rlcore/modes/stream/agents.py) ---------------------------------------------------------
 
-def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple[list, list]:
+def stream_agents(tok, schedule: str, latency: float, rows: list[dict], cap: int | None = None) -> tuple[list, list]:
     """Two trajectories per row through AgentTurns on the scripted engine (each request finishes 2 engine steps
     after it joins; its tokens tagged with the number of that step, as versions), the recipe's agent
     sleeping 0-`latency` s before each call: (each request's (engine step it joined at, id), trajectories).
     Beside it, a TP rank 1 mirror (its own AgentTurns and engine, no agents) applies the lead's events: both
-    engines must get the same calls (ids, prompts, caps, seeds) and aborts, in the same order."""
+    engines must get the same calls (ids, prompts, caps, seeds) and aborts, in the same order. `cap`
+    (rollout.max_waiting): at most that many requests in the engine, asserted at each call."""
     from types import SimpleNamespace
 
     from rlcore.modes.stream.agents import AgentTurns
@@ -616,10 +617,13 @@ def stream_agents(tok, schedule: str, latency: float, rows: list[dict]) -> tuple
                     endpoint=endpoint if tp_rank == 0 else None)
         run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout), rollout=SimpleNamespace(envs=envs, tp_rank=tp_rank),
                               engine=engine, logger=SimpleNamespace(print=logged.lines.append))
-        engine.turns = turns = AgentTurns(run)
+        engine.turns = turns = AgentTurns(run, cap)
         turns.scored = (lambda trajs: ended.extend(trajs) or {}) if tp_rank == 0 else None  # only the lead scores
-        engine.submit = lambda rid, *a, t=turns, e=engine, log=added, **kw: \
-            log.append((t.tick, rid)) or Tagged.submit(e, rid, *a, **kw)
+        def submit(rid, *a, t=turns, e=engine, log=added, **kw):
+            assert cap is None or len(e.live) < cap, (rid, sorted(e.live))
+            log.append((t.tick, rid))
+            Tagged.submit(e, rid, *a, **kw)
+        engine.submit = submit
         sides.append((turns, engine, added))
     (turns, engine, added), (mirror, mirror_engine, mirrored) = sides
     try:
@@ -653,6 +657,24 @@ def test_streaming_agents_join_at_fixed_engine_steps_with_versions():
         assert x.versions == [4] * len(first) + [8] * len(second)
     other = stream_agents(tok, "continuous", 0.02, ROWS)[1]
     assert [(x.tokens, x.sampled, x.env_reward) for x in other] == [(x.tokens, x.sampled, x.env_reward) for x in trajs]
+
+
+def test_streaming_agents_calls_beyond_the_engines_requests_queue():
+    """rollout.max_waiting: at most 2 requests in the engine (AgentTurns' cap), 4 agents (2 rows x 2), lockstep.
+    The first calls join after step 2: row 0's run, row 1's queue and start at 4 as row 0's come back; row 0's
+    second calls join at 6, row 1's at 8. By hand: row 0's calls at 2 and 6 (versions 4, 8), row 1's at 4 and 8
+    (versions 6, 10); the same with other latencies, and the same trajectories as without the cap."""
+    tok = tooladd.build_tokenizer()
+    added, trajs = stream_agents(tok, "lockstep", 0.02, ROWS, cap=2)
+    assert sorted(added) == sorted([(2, f"s0.{j}.0") for j in (0, 1)] + [(4, f"s1.{j}.0") for j in (0, 1)]
+                                   + [(6, f"s0.{j}.1") for j in (0, 1)] + [(8, f"s1.{j}.1") for j in (0, 1)])
+    assert stream_agents(tok, "lockstep", 0.02, ROWS, cap=2)[0] == added
+    free = stream_agents(tok, "lockstep", 0.0, ROWS)[1]
+    assert [(x.tokens, x.sampled) for x in trajs] == [(x.tokens, x.sampled) for x in free]
+    for x in trajs:
+        first, second = x.turns
+        v = 4 if x.seed < 100 else 6  # row g's seeds are 100 g + j
+        assert x.env_reward == 1.0 and x.versions == [v] * len(first) + [v + 4] * len(second)
 
 
 def test_closing_a_session_whose_agent_was_cancelled_does_not_raise(tok):

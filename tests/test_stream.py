@@ -43,6 +43,10 @@ def new_lag(steps: int | str, margin: float = 1.25, blocked: float | None = None
      "set rollout.step_deadline_s=0 (rollout.trajectory_timeout_s bounds each)"),
     (["rollout.stream=false", "rollout.free_loads=true"],
      "rollout.free_loads=true is a way of streaming: set rollout.stream=true (or free_loads=false)"),
+    (["rollout.max_waiting=4"], "rollout.max_waiting=4 admits trajectories beyond rollout.max_running while some "
+     "wait for an environment or agent: it needs rollout.stream=true and rollout.env or rollout.agent (valid here: 0)"),
+    (["rollout.max_waiting=-1", "rollout.env=rlcore.tasks.calculator:CalculatorEnv"],
+     "rollout.max_waiting must be >= 0 (got -1)"),
     (["rollout.load_lag_steps=-1"], "rollout.load_lag_steps must be a whole number of engine steps >= 0, or auto "
                                     "(got -1)"),
     # the demo: 1 batch ahead x 32 prompt groups x 8 new tokens; a tool's turns wait join_steps=2 each
@@ -122,10 +126,11 @@ def test_resume_into_another_mode_is_refused(tmp_path):
 
 # ---- when environment answers join (rlcore/modes/stream/turns.py), on a scripted step engine --------------------------
 
-def drive(schedule: str, latency: float) -> tuple[list, list, list]:
+def drive(schedule: str, latency: float, cap: int | None = None) -> tuple[list, list, list]:
     """Two groups of two trajectories through Turns, on test_continuous's engine (one step per token), their
     environment 0-`latency` s late at random: (each request's (engine step it was added at, id, prompt, seed),
-    trajectories, the same requests of a TP rank 1 mirror: its own Turns and engine, fed the lead's answers)."""
+    trajectories, the same requests of a TP rank 1 mirror: its own Turns and engine, fed the lead's answers).
+    `cap` (rollout.max_waiting): at most that many requests in the engine, asserted at each add."""
     import random
     from types import SimpleNamespace
 
@@ -149,10 +154,14 @@ def drive(schedule: str, latency: float) -> tuple[list, list, list]:
         engine, added = StepEngine({40: [[5, STOP], [6, STOP], [7, EOS]], 41: [[5, 6, 7, STOP], [8, EOS]]}), []
         run = SimpleNamespace(cfg=SimpleNamespace(rollout=rollout, data=SimpleNamespace(prompt_column="prompt")),
                               rollout=SimpleNamespace(envs=envs(factory=Late), tp_rank=tp_rank), engine=engine)
-        turns = Turns(run)
+        turns = Turns(run, cap)
         turns.scored = (lambda trajs: ended.extend(trajs) or {}) if tp_rank == 0 else None  # only the lead scores
-        engine.submit = lambda rid, prompt, *a, t=turns, e=engine, log=added: \
-            log.append((t.tick, rid, tuple(prompt), a[2])) or StepEngine.submit(e, rid, prompt, *a)
+
+        def submit(rid, prompt, *a, t=turns, e=engine, log=added):
+            assert cap is None or len(e.live) < cap, (rid, sorted(e.live))
+            log.append((t.tick, rid, tuple(prompt), a[2]))
+            StepEngine.submit(e, rid, prompt, *a)
+        engine.submit = submit
         for g, row in enumerate(rows):
             for j in range(2):
                 turns.admit(g, j, row | {"prompt_ids": [row["first"], 10, 11]}, 100 * g)
@@ -554,7 +563,8 @@ def test_a_load_lets_admission_start_what_it_may_first(one_rank):
     lag.handed(0)
     rollout = NS(free_loads=False)
     engine.__dict__.update(
-        stopped=False, error=None, P=2, G=4, max_running=8, k=2, steps=9, todo=[], next_sample=48, handed=5, lag=lag,
+        stopped=False, error=None, P=2, G=4, max_running=8, max_waiting=0, k=2, steps=9, todo=[], next_sample=48,
+        handed=5, lag=lag,
         turns=NS(flying={}, live={}, done={}), loop=NS(save_due=lambda v: False),
         run=NS(engine=NS(version=4), rollout=NS(eval_rows=[]), cfg=NS(rollout=rollout, train=NS(eval_every=100))))
     assert engine.admissible() and not engine.load_due()
@@ -586,6 +596,22 @@ def test_a_load_lets_admission_start_what_it_may_first(one_rank):
     assert not engine.blocked() and engine.waits() and engine.load_due()
     engine.lag.spent = 700_000_000
     assert not engine.load_due()
+
+
+def test_turns_beyond_the_engines_requests_queue_in_order():
+    """rollout.max_waiting: at most 2 requests in the engine (Turns' cap), 4 trajectories (drive's a, a, b, b; join
+    steps 2). The resets join after step 2: a's two turns start, b's queue. At 4 a's end, b's start (4 tokens). a's
+    answers join at 6, the engine full: they queue, and start at 8 as b's end. At 10 b's answers join, a's turn 1
+    ended: they start; at 12 a's last turns. By hand: a's turns at 2, 8, 12 (4 apart without the cap: 2, 6, 10), b's
+    at 4, 10. The same requests with other latencies, on a TP rank 1 mirror, and the same trajectories as uncapped."""
+    added, trajs, mirrored = drive("lockstep", 0.02, cap=2)
+    assert mirrored == added
+    at = {rid: tick for tick, rid, _, _ in added}
+    assert [at[f"s0.{j}.{t}"] for j in (0, 1) for t in (0, 1, 2)] == [2, 8, 12] * 2
+    assert [at[f"s1.{j}.{t}"] for j in (0, 1) for t in (0, 1)] == [4, 10] * 2
+    assert drive("lockstep", 0.02, cap=2)[0] == added
+    free = drive("lockstep", 0.0)[1]
+    assert [(x.tokens, x.sampled, x.env_reward) for x in trajs] == [(x.tokens, x.sampled, x.env_reward) for x in free]
 
 
 def test_a_group_is_scored_once_all_its_samples_have_run():
@@ -644,7 +670,8 @@ def test_admission_fills_each_freed_slot_with_the_next_trajectory():
     saving = []
     engine = Engine.__new__(Engine)
     engine.__dict__.update(
-        P=2, G=4, max_running=6, k=1, steps=3, todo=[], next_sample=0, handed=0, rows={}, e=0, turns=Turns(),
+        P=2, G=4, max_running=6, max_waiting=0, k=1, steps=3, todo=[], next_sample=0, handed=0, rows={}, e=0,
+        turns=Turns(),
         loop=NS(save_due=lambda v: bool(saving)),
         run=NS(engine=NS(version=0), rollout=NS(eval_rows=[], prompts=NS(next_batch=lambda: [{}, {}])),
                cfg=NS(seed=7, train=NS(eval_every=100))))
@@ -672,6 +699,44 @@ def test_admission_fills_each_freed_slot_with_the_next_trajectory():
     engine.turns.flying.clear()
     engine.admit()  # group 3 ends batch 2; batch 3 (group 4, sample 16) needs version 1: room, but blocked
     assert admitted[12:] == [(3, 0), (3, 1), (3, 2), (3, 3)] and engine.next_sample == 16 and engine.blocked()
+
+
+def test_admission_beyond_the_running_while_trajectories_wait():
+    """rollout.max_waiting=2 beside max_running=4: admission fills 6 trajectories in flight (their resets run
+    nothing in the engine), and admits again only once a request in the engine is free of both the running and the
+    queued turns: with 4 running nothing starts, with 2 running and 1 queued one does, up to 6 in flight."""
+    from types import SimpleNamespace as NS
+
+    from rlcore.modes.stream.engine_side import Engine
+    admitted = []
+
+    class Turns:
+        def __init__(self):
+            self.flying, self.live, self.queue = {}, {}, []
+
+        def admit(self, g, j, row, seed):
+            self.flying[(g, j)] = seed + j
+            admitted.append((g, j))
+
+    engine = Engine.__new__(Engine)
+    engine.__dict__.update(
+        P=2, G=4, max_running=4, max_waiting=2, k=1, steps=3, todo=[], next_sample=0, handed=0, rows={}, e=0,
+        turns=Turns(), loop=NS(save_due=lambda v: False),
+        run=NS(engine=NS(version=0), rollout=NS(eval_rows=[], prompts=NS(next_batch=lambda: [{}, {}])),
+               cfg=NS(seed=7, train=NS(eval_every=100))))
+    engine.admit()
+    assert admitted == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)] and not engine.admissible()
+    t = engine.turns
+    del t.flying[(0, 0)]
+    t.live = {f"r{i}": key for i, key in enumerate(list(t.flying)[:4])}  # 5 in flight, 4 running
+    engine.admit()
+    assert len(admitted) == 6
+    t.live, t.queue = dict(list(t.live.items())[:2]), [((1, 0), None)]  # 2 running, 1 queued: one request free
+    engine.admit()
+    assert admitted[6:] == [(1, 2)] and len(t.flying) == 6 and not engine.admissible()
+    del t.flying[(0, 1)]
+    engine.admit()  # 5 in flight, a request free: one more
+    assert admitted[7:] == [(1, 3)]
 
 
 @pytest.fixture
@@ -979,3 +1044,28 @@ def test_stream_multi_turn_tool_learns_deterministic_and_takes_sigterm(tmp_path)
     b = metrics(tmp_path / "b" / "tooladd")
     assert [r["step"] for r in b] == list(range(9)) and max(r["async/token_staleness_max"] for r in b[1:]) <= 1
     assert all(r["env/calls_per_s"] > 0 and r["tool/calls"] > 0 and r["env/turns_mean"] > 1 for r in b[6:])
+
+
+@pytest.mark.slow
+def test_stream_tools_admitted_beyond_the_running_are_deterministic_and_never_overrun_the_engine(tmp_path):
+    """rollout.max_waiting=16 beside max_running=32 on the tool task (1 engine + 1 trainer, k=1, the tool 0-30 ms
+    late at random): more trajectories are in flight than the engine runs (slots held above 1), the turns ready
+    beyond its 32 requests queue (stream/queued) and no engine step runs more than 32 (stream/running_max). Two
+    runs with other tool latencies log the same numbers and export the same bytes; no token is more than 1 version
+    old. The stream's checkpoint is unchanged: nothing is in flight, so nothing queued, when it is saved."""
+    run = ("recipe=tests/workers/stream_tools.py", *STREAM[1:], "train.steps=4", "train.eval_every=4",
+           "train.export_every=1", "rollout.load_lag_steps=4", "rollout.max_running=32", "rollout.max_waiting=16")
+    rows = []
+    for name in ("a", "b"):
+        proc = train_warm(*run, f"output_dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        rows.append(metrics(tmp_path / name / "tooladd"))
+    a, b = rows
+    assert a == b and len(a) == 5
+    for step in ("step_1", "step_4"):
+        weights = f"tooladd/hf/{step}/model.safetensors"
+        assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
+    assert all(r["stream/running_max"] <= 32 and r["stream/occupancy"] <= 1 for r in a[1:])
+    assert max(r["stream/slots_held"] for r in a[1:]) > 1 and max(r["stream/queued"] for r in a[1:]) > 0
+    assert max(r["stream/running_max"] for r in a[1:]) == 32
+    assert all(r["async/token_staleness_max"] <= 1 and r["async/dropped_samples"] == 0 for r in a[1:])

@@ -57,6 +57,10 @@ def validate(cfg: Config, dims) -> None:
         raise ValueError("rollout.seeds=engine draws a sample's noise from whatever the engine runs beside it, so "
                          "with rollout.schedule=continuous, rollout.stream or rollout.agent a run could not reproduce "
                          "itself; valid there: rollout.seeds=request")
+    if r.max_waiting and not (r.stream and (r.env or r.agent)):
+        raise ValueError(f"rollout.max_waiting={r.max_waiting} admits trajectories beyond rollout.max_running while "
+                         f"some wait for an environment or agent: it needs rollout.stream=true and rollout.env or "
+                         f"rollout.agent (valid here: 0)")
     if r.stream:
         check_stream(cfg, dims)
     elif r.free_loads:

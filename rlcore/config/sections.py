@@ -96,6 +96,11 @@ class RolloutConfig:
     # between two engine steps under the requests in flight. max_staleness bounds every token's age.
     stream: bool = False
     max_running: int = 0  # streaming: trajectories in flight at once on each engine; 0 = its share of one step
+    # streaming with rollout.env or rollout.agent: trajectories admitted beyond max_running while some wait for their
+    # environment's answer (or their agent's next call), so the engine keeps max_running sequences running; it never
+    # runs more: a turn ready beyond them queues for the next free one (rlcore/modes/stream/turns.py). 0: a trajectory
+    # waiting holds its slot.
+    max_waiting: int = 0
     # streaming, lockstep schedule: an environment's answer joins the engine after this many engine steps
     # (the engine waits there for a late one), so the run does not depend on tool latency (rlcore/modes/stream/turns.py)
     join_steps: int = 2

@@ -55,7 +55,7 @@ VALID = {
     "rollout.max_failed_frac": (lambda v: 0 < v <= 1, "in (0, 1]"),
     "rollout.agent_tool_format": _one_of("hermes", "llama3", "mistral"), "rollout.trajectory_timeout_s": _at_least(0),
     "rollout.step_deadline_s": _at_least(0), "rollout.ranks": _at_least(0), "rollout.max_staleness": _at_least(0),
-    "rollout.max_running": _at_least(0), "rollout.join_steps": _at_least(0),
+    "rollout.max_running": _at_least(0), "rollout.max_waiting": _at_least(0), "rollout.join_steps": _at_least(0),
     "rollout.load_lag_steps": (lambda v: v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0),
                                "a whole number of engine steps >= 0, or auto"),
     "rollout.load_lag_margin": (lambda v: 1 <= v < math.inf, "a finite number >= 1 (auto's lag over the trainers' "

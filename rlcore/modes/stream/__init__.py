@@ -17,7 +17,9 @@ Multi-turn (rollout.env, rlcore/modes/stream/turns.py): a trajectory's turns are
 versions; its environment runs on the engine's first rank, and its answers join the engine at an engine step fixed by
 the data and the config (rollout.schedule=lockstep, rollout.join_steps after the step that ended the turn; the
 engine waits there for a late tool) or as they arrive (continuous: not reproducible). A trajectory waiting on
-its tool counts as in flight (rollout.max_running) but runs nothing in the engine. Agents (rollout.agent,
+its tool counts as in flight (rollout.max_running) but runs nothing in the engine; rollout.max_waiting admits that
+many more, so the engine keeps running max_running while some wait, and never more: a turn ready beyond them queues,
+in the order it became ready, for the next boundary with a free request. Agents (rollout.agent,
 rlcore/modes/stream/agents.py): each call is a turn, and the agent's next call (or its end) joins as an answer does.
 
 Versions and staleness (k = rollout.max_staleness). A trajectory of batch b is admitted only while the engine holds

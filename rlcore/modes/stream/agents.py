@@ -42,8 +42,8 @@ class AgentTurns(Turns):
     parallelism the agents and the endpoint live on the engine's first rank (the lead); every rank submits the calls
     and applies the ends it hands round at the boundary where they join (rlcore/modes/stream/engine_side.py, Engine.sync)."""
 
-    def __init__(self, run: Run):
-        super().__init__(run)
+    def __init__(self, run: Run, cap: int | None = None):
+        super().__init__(run, cap)
         self.agent, self.budget_s, self.lead = run.rollout.envs.agent, 0.0, self.tp_rank == 0
         self.endpoint = self.clients = None
         if self.lead:
@@ -80,7 +80,7 @@ class AgentTurns(Turns):
         self.calls[key].append(list(sample.versions))
         if self.lead:
             self.endpoint.deliver(self.sessions[key], request, sample)
-        if key not in self.live.values():
+        if key not in self.live.values() and all(k != key for k, _ in self.queue):
             self.due[key] = self.tick + self.join_steps
 
     def ready(self) -> tuple[dict[Key, list[tuple]], list[Key]]:
@@ -102,14 +102,16 @@ class AgentTurns(Turns):
         return {k: self.events.pop(k) for k in keys}, []
 
     def join(self, answers: dict[Key, list[tuple]], late: list[Key]) -> None:
-        """Every rank: the events `ready` gave, in (group, sample) order."""
+        """Every rank: the queued calls first (rollout.max_waiting), then the events `ready` gave, in (group, sample)
+        order."""
+        self.refill()
         for key in sorted(answers):
             self.due.pop(key, None)
             for event in answers[key]:
                 if event[0] == "end":
                     self.end(key, event[1])
                     break
-                self.submit_call(key, event[1])
+                self.send(key, event[1])
 
     def collect(self) -> None:
         for r in self.endpoint.take():
@@ -127,6 +129,9 @@ class AgentTurns(Turns):
         elif self.due:
             self.tick = max(self.tick, min(self.due.values()))
 
+    def launch(self, key: Key, call: Request) -> None:
+        self.submit_call(key, call)
+
     def submit_call(self, key: Key, r: Request) -> None:
         x, rid = self.flying[key], f"s{key[0]}.{key[1]}.{r.call}"
         self.live[rid], self.requests[rid] = key, r
@@ -143,6 +148,7 @@ class AgentTurns(Turns):
         for rid in aborts:
             del self.live[rid], self.requests[rid]
         self.run.engine.abort(aborts)
+        self.queue = [(k, c) for k, c in self.queue if k != key]  # its calls not yet in the engine
         if not self.lead:  # the lead alone scores and hands the batch over
             del self.calls[key]
             self.ended(key)

@@ -42,9 +42,11 @@ class Engine:
         self.P, self.G = r.prompts_per_step // self.E, r.group_size
         self.k, self.steps = r.max_staleness, cfg.train.steps
         self.max_running = r.max_running or self.P * self.G
+        self.max_waiting = r.max_waiting  # admitted beyond max_running while trajectories wait for their environment
         self.rows: dict[int, dict] = {}  # group -> its prompt row (fetched, not yet handed over)
         # the trajectories in flight, and the finished groups (rlcore/modes/stream/turns.py; agents: stream_agents.py)
-        self.turns = (AgentTurns if run.rollout.envs.agent is not None else Turns)(run)
+        self.turns = (AgentTurns if run.rollout.envs.agent is not None else Turns)(
+            run, self.max_running if self.max_waiting else None)
         # admission goes by trajectory (sample j of group g is g x G + j), so a slot refills the step it frees:
         # the next to admit, and those to admit first (after a signal: the dropped groups' samples, admitted anew)
         self.next_sample, self.todo = 0, []
@@ -77,9 +79,13 @@ class Engine:
         return s if s < self.P * self.G * self.steps else None
 
     def next_with_room(self) -> int | None:
-        """The next trajectory to admit, if there is room in the engine for it."""
-        s = self.next_admit()
-        return s if s is not None and len(self.turns.flying) < self.max_running else None
+        """The next trajectory to admit, if there is room in the engine for it: fewer than max_running in flight;
+        with rollout.max_waiting, fewer than max_running + max_waiting in flight and a request free in the engine
+        (none of its max_running taken, by a request or a queued turn)."""
+        s, t = self.next_admit(), self.turns
+        room = len(t.flying) < self.max_running if not self.max_waiting else \
+            len(t.flying) < self.max_running + self.max_waiting and len(t.live) + len(t.queue) < self.max_running
+        return s if s is not None and room else None
 
     def recent_enough(self, s: int) -> bool:
         """The engine holds the version trajectory s's batch needs (admission control: b - 1 - k or newer)."""
@@ -214,6 +220,8 @@ class Engine:
         self.clock["steps"] += 1
         self.clock["running"] += running
         self.clock["held"] += held
+        self.clock["queued"] += len(self.turns.queue)
+        self.clock["running_max"] = max(self.clock["running_max"], running)
         self.clock["busy_s"] += took * running / self.max_running
         self.clock["step_s"] += took
         self.lag.stepped(1, running, self.run.engine.computed, time.perf_counter() - self.began)
@@ -354,7 +362,8 @@ class Engine:
 
     def engine_metrics(self) -> dict[str, float]:
         """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run), the slots held (trajectories in flight: running, or waiting for their environment's answer), the
+        every run) and the most in one step, the slots held (trajectories in flight: running, or waiting for their
+        environment's answer; above 1 with rollout.max_waiting), the turns queued for a free request a step, the
         running share weighted by wall time (stalls count as empty), the engine steps, the time waiting for
         weights and the share of wall time the engine was frozen (waiting with requests in flight), and the time
         in engine steps (time/collect_s: the engine side's busy time in the summary's split line). Shares and step
@@ -363,6 +372,7 @@ class Engine:
         wall = now - c["t"]
         metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
                    "stream/slots_held": c["held"] / max(c["steps"], 1) / self.max_running,
+                   "stream/running_max": c["running_max"], "stream/queued": c["queued"] / max(c["steps"], 1),
                    "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
                    "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
                    "throughput/frozen_share": c["frozen_s"] / max(wall, 1e-9),
@@ -372,7 +382,7 @@ class Engine:
 
 
 def new_clock(now: float | None = None) -> dict:
-    return {"steps": 0, "running": 0, "held": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
+    return {"steps": 0, "running": 0, "held": 0, "queued": 0, "running_max": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
             "t": time.perf_counter() if now is None else now}
 
 

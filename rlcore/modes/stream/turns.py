@@ -48,7 +48,7 @@ class Turns:
     """The trajectories in flight on the streaming engine and the finished groups not yet handed over (every rank of
     the engine holds them; with tensor parallelism only the first runs environments and scores)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Run, cap: int | None = None):
         r, self.envs, self.run = run.cfg.rollout, run.rollout.envs, run
         self.max_new, self.max_total, self.temperature = r.max_new_tokens, r.max_total_tokens or r.max_new_tokens, \
             r.temperature
@@ -66,6 +66,10 @@ class Turns:
         self.live: dict[str, Key] = {}  # request id -> its trajectory, for requests in the engine
         self.caps: dict[Key, int] = {}  # each live request's token cap (whether a cut action is complete)
         self.due: dict[Key, int] = {}  # environment call in flight -> the engine step its answer joins after
+        # rollout.max_waiting: at most `cap` requests in the engine (rollout.max_running; None: no cap, admission keeps
+        # the trajectories within it); a turn ready beyond them waits here, in the order it became ready, for a
+        # boundary with a free one: (trajectory, an agent's call or None)
+        self.cap, self.queue = cap, []
         self.arrived: dict[Key, dict] = {}  # answers back, waiting for their step
         self.started: dict[Key, float] = {}  # when each trajectory was admitted (rollout.trajectory_timeout_s)
         self.tick = 0  # engine steps so far: the clock answers join by (nothing is in flight at a checkpoint)
@@ -79,7 +83,7 @@ class Turns:
         """Sample j of group g in flight from now: its first turn, or its reset."""
         key, x = self.start(g, j, row, seed)
         if not self.multi:
-            self.submit_turn(key, x)
+            self.send(key)
         else:
             if self.runner is not None:
                 self.runner.submit(key, start, x, self.envs.factory)
@@ -91,6 +95,22 @@ class Turns:
         self.groups.setdefault(g, []).append(x)
         self.flying[key], self.started[key] = x, time.perf_counter()
         return key, x
+
+    def send(self, key: Key, call=None) -> None:
+        """A turn (an agent's call) into the engine, or into the queue while the engine runs `cap` requests or others
+        wait before it."""
+        if self.cap is not None and (self.queue or len(self.live) >= self.cap):
+            self.queue.append((key, call))
+        else:
+            self.launch(key, call)
+
+    def launch(self, key: Key, call) -> None:
+        self.submit_turn(key, self.flying[key])
+
+    def refill(self) -> None:
+        """The queued turns, in order, into the requests the engine freed (at a boundary, before its answers join)."""
+        while self.queue and len(self.live) < self.cap:
+            self.launch(*self.queue.pop(0))
 
     def submit_turn(self, key: Key, x: Trajectory) -> None:
         turn, self.caps[key] = len(x.turns), min(self.max_new, self.max_total - len(x.tokens))
@@ -130,8 +150,9 @@ class Turns:
         return {k: self.arrived.pop(k) for k in keys}, late
 
     def join(self, answers: dict[Key, dict], late: list[Key]) -> None:
-        """Apply what `ready` gave (on every rank of the engine, the lead's): answers in (group, sample) order,
-        then the cuts."""
+        """Apply what `ready` gave (on every rank of the engine, the lead's): the queued turns first, then answers in
+        (group, sample) order, then the cuts."""
+        self.refill()
         for key in sorted(answers):
             self.answer(key, answers[key])
         if late:
@@ -166,7 +187,7 @@ class Turns:
         if x.done:
             self.ended(key)
         else:
-            self.submit_turn(key, x)
+            self.send(key)
 
     def over_budget(self, late: list[Key]) -> None:
         """rollout.trajectory_timeout_s: a trajectory running longer ends truncated on its last model turn."""
@@ -177,6 +198,7 @@ class Turns:
             x.abandoned = (self.runner is not None and self.runner.drop(key)) or x.abandoned
             self.due.pop(key, None)
             self.arrived.pop(key, None)
+            self.queue = [(k, c) for k, c in self.queue if k != key]
             cut(x)
             self.ended(key)
         for rid in aborts:
@@ -198,7 +220,7 @@ class Turns:
             self.runner.drop(key)
         groups = sorted(self.groups)
         self.flying, self.groups, self.live, self.caps = {}, {}, {}, {}
-        self.due, self.arrived, self.started = {}, {}, {}
+        self.due, self.arrived, self.started, self.queue = {}, {}, {}, []
         return groups
 
     def close(self) -> None:
