@@ -87,6 +87,16 @@ CONTENDERS = {
                           "rollout.max_waiting=8"],
     "stream k=2 r16 w8 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
                                "rollout.max_waiting=8", "rollout.free_loads=true"],
+    # ... with the answers joining 8 or 16 engine steps after a turn (the tool's 20-200 ms hidden behind more
+    # decoding: fewer waits for a late one) and as many more admitted, to run while they wait
+    "stream k=2 r16 j8 w8": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                             "rollout.join_steps=8", "rollout.max_waiting=8"],
+    "stream k=2 r16 j8 w16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                              "rollout.join_steps=8", "rollout.max_waiting=16"],
+    "stream k=2 r16 j8 w8 free": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                                  "rollout.join_steps=8", "rollout.max_waiting=8", "rollout.free_loads=true"],
+    "stream k=2 r16 j16 w16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=2", "rollout.max_running=16",
+                               "rollout.join_steps=16", "rollout.max_waiting=16"],
     # ... with one more version of slack: where the two sides are balanced, how much of the engine's idle share is
     # the other side's step-to-step spread
     "stream k=3 r16": [*SPLIT, "rollout.stream=true", "rollout.max_staleness=3", "rollout.max_running=16"],
