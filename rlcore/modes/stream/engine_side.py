@@ -382,8 +382,8 @@ class Engine:
 
 
 def new_clock(now: float | None = None) -> dict:
-    return {"steps": 0, "running": 0, "held": 0, "queued": 0, "running_max": 0, "busy_s": 0.0, "step_s": 0.0, "wait_s": 0.0, "frozen_s": 0.0,
-            "t": time.perf_counter() if now is None else now}
+    return {"steps": 0, "running": 0, "held": 0, "queued": 0, "running_max": 0, "busy_s": 0.0, "step_s": 0.0,
+            "wait_s": 0.0, "frozen_s": 0.0, "t": time.perf_counter() if now is None else now}
 
 
 @watchdog.stage("streaming agreement", waits=True)
