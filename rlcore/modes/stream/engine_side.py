@@ -3,8 +3,8 @@ across step boundaries, hands batches over and loads versions between two engine
 timing and the decisions every rank of a tensor-parallel engine agrees on. The design, the exchanges and the
 guarantees: rlcore/modes/stream/__init__.py.
 
-Why one file of ~400 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
-read as one loop.
+Why one file of ~380 lines: the Engine's decisions (admission, joins, loads, hand-overs) share its state and are
+read as one loop; what it counts for its metrics is rlcore/modes/stream/meter.py.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from rlcore.modes.offpolicy import PROBE_ROWS, own_state, probe_gaps, trainers_s
 from rlcore.modes.stream.agents import AgentTurns
 from rlcore.modes.stream.early import EarlyHandover
 from rlcore.modes.stream.lag import LoadLag
+from rlcore.modes.stream.meter import Meter
 from rlcore.modes.stream.turns import Turns
 from rlcore.modes.transfer import Link, exchange, error_in, listen, receive_weights, received
 from rlcore.rollout.collect import rollout_seed
@@ -55,7 +56,7 @@ class Engine:
         # (rlcore/modes/stream/early.py)
         self.early = EarlyHandover(link)
         self.pending: dict[int, dict] = {}  # batch -> its rollout metrics, until its step is logged
-        self.clock = new_clock()
+        self.meter = Meter(self.max_running)  # what the engine did since the previous load (its metrics)
         # the deterministic load point: version v loads once the engine steps since hand-over v spent the lag; while
         # rollout.load_lag_steps=auto measures, at the earliest point (rlcore/modes/stream/lag.py)
         self.lag = LoadLag(r, run.dims.rollout_ranks)
@@ -217,13 +218,7 @@ class Engine:
         took = time.perf_counter() - t0
         self.early.ran[0] += 1
         self.early.ran[1] += took
-        self.clock["steps"] += 1
-        self.clock["running"] += running
-        self.clock["held"] += held
-        self.clock["queued"] += len(self.turns.queue)
-        self.clock["running_max"] = max(self.clock["running_max"], running)
-        self.clock["busy_s"] += took * running / self.max_running
-        self.clock["step_s"] += took
+        self.meter.stepped(took, running, held, len(self.turns.queue))
         self.lag.stepped(1, running, self.run.engine.computed, time.perf_counter() - self.began)
 
     # ---- the exchanges ----
@@ -293,8 +288,7 @@ class Engine:
         if header.get("error"):
             raise RunError(header["error"])
         waited = time.perf_counter() - t0 - header["receive_s"]
-        self.clock["wait_s"] += waited
-        self.clock["frozen_s"] += waited if flying else 0.0  # requests in flight, no step: the engine is frozen
+        self.meter.waited(waited, flying)  # requests in flight, no step: the engine is frozen
         self.lag.loaded(v, header.get("ready_s", 0.0))
         for i, seq in enumerate(self.probe):
             run.engine.submit_probe(f"probe.{v}.{i}", seq)
@@ -305,7 +299,7 @@ class Engine:
         mean, gap = probe_gaps(got, header["probe"])
         if self.run.dims.rollout_ranks > 1:  # the worst engine's (a collective over the rollout ranks, at load v)
             mean, gap = all_max(mean), all_max(gap)
-        metrics = self.pending.pop(v) | header["metrics"] | self.engine_metrics() | {
+        metrics = self.pending.pop(v) | header["metrics"] | self.meter.metrics() | {
             "async/probe_logprob_diff_max": gap, "async/probe_logprob_diff_mean": mean, "async/engine_version": v,
             "time/sync_s": header["receive_s"], "sync/gb": header["receive_bytes"] / 1e9,
             "stream/recomputed_tokens": recomputed, "stream/early_handover": int(early)} | self.lag.metrics(*lag) \
@@ -358,33 +352,6 @@ class Engine:
         self.handed, self.probe, self.pending = state["handed"], state["probe"], state["pending"]
         self.lag.restore(state.get("lag"))
 
-    # ---- metrics ----
-
-    def engine_metrics(self) -> dict[str, float]:
-        """Since the previous load: mean running sequences per engine step over rollout.max_running (the same in
-        every run) and the most in one step, the slots held (trajectories in flight: running, or waiting for their
-        environment's answer; above 1 with rollout.max_waiting), the turns queued for a free request a step, the
-        running share weighted by wall time (stalls count as empty), the engine steps, the time waiting for
-        weights and the share of wall time the engine was frozen (waiting with requests in flight), and the time
-        in engine steps (time/collect_s: the engine side's busy time in the summary's split line). Shares and step
-        counts, not seconds, are what carries from this machine to another."""
-        c, now = self.clock, time.perf_counter()
-        wall = now - c["t"]
-        metrics = {"stream/occupancy": c["running"] / max(c["steps"], 1) / self.max_running,
-                   "stream/slots_held": c["held"] / max(c["steps"], 1) / self.max_running,
-                   "stream/running_max": c["running_max"], "stream/queued": c["queued"] / max(c["steps"], 1),
-                   "stream/engine_steps": c["steps"], "async/dropped_samples": 0,
-                   "throughput/occupancy_wall": c["busy_s"] / max(wall, 1e-9), "time/weights_wait_s": c["wait_s"],
-                   "throughput/frozen_share": c["frozen_s"] / max(wall, 1e-9),
-                   "time/collect_s": c["step_s"], "time/wall_s": wall}
-        self.clock = new_clock(now)
-        return metrics
-
-
-def new_clock(now: float | None = None) -> dict:
-    return {"steps": 0, "running": 0, "held": 0, "queued": 0, "running_max": 0, "busy_s": 0.0, "step_s": 0.0,
-            "wait_s": 0.0, "frozen_s": 0.0, "t": time.perf_counter() if now is None else now}
-
 
 @watchdog.stage("streaming agreement", waits=True)
 def gather(mine, group, size: int) -> list:
@@ -405,5 +372,5 @@ def generate_side(run: Run, link: Link, loop: Loop) -> dict:
         if (run.cfg.rollout.free_loads or engine.early.on) and engine.lead and engine.handed > run.engine.version:
             engine.waiting = listen(link.ready, link.leader)  # stopped after handing batch `handed` over: told next
         engine.early.given = engine.handed
-    engine.clock["t"] = time.perf_counter()
+    engine.meter.restart()
     return engine.serve()
