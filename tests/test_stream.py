@@ -459,6 +459,18 @@ def test_the_trainers_come_where_their_wait_beats_the_engines():
     assert next_gap({"step": [0.05] * 5 + [0.3], "before": before}) == 0.3  # past the last step's polls
     assert next_gap({"step": [0.05] * 6, "before": before}) == 0.2
     assert next_gap({"step": [0.07], "before": []}) == 0.07
+    # before the step's first micro-batch: the last step's first one's time (none yet: 0, so they run it)
+    assert next_gap({"step": [], "before": before}) == 0.05 and next_gap({"step": [], "before": []}) == 0.0
+    # the word the early batch came with, the point 0.5 s after it, the first micro-batch 1.875 s: the trainers wait
+    # there 0.5 s rather than the engine 1.375 s; 0.25 s of micro-batch would end before the point: they run it
+    heard.error, heard.said = None, (500_000, 20.0)
+    first = {"step": [], "before": [1.875, 0.25]}
+    assert come(heard, 20.0, next_gap(first)) and not come(heard, 20.0, next_gap({"step": [], "before": [0.25]}))
+    # slack: the trainers waited 0.375 s in their step before (the engine is the slower side), so a wait of theirs
+    # counts 0.375 s less: with the point 0.5 s ahead they come where the engine would wait 0.125 s (a tie) for a
+    # 0.625 s micro-batch, not where it would wait 0.0625 s, nor where the micro-batch ends before the point
+    assert [come(heard, 20.0, gap, 0.375) for gap in (0.25, 0.5625, 0.625)] == [False, False, True]
+    assert not come(heard, 20.0, 0.625)
 
 
 def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
@@ -492,6 +504,17 @@ def test_the_trainers_hear_the_load_point_until_the_call(monkeypatch):
     assert not heard.thread.is_alive() and heard.said[0] == transfer.received(heard) == transfer.CALLING
     words.put(7)  # the next listener's: left in the channel
     assert words.get(timeout=1) == 7
+    # a word heard another way first (the one the early batch came with): set at once, until the engine's next
+    first = transfer.listen(None, 0, until=transfer.CALLING, first=(400_000, 5.0))
+    assert first.is_set() and first.said == (400_000, 5.0) and transfer.received(first) == 400_000
+    words.put(300_000)
+    t0 = time.perf_counter()
+    while first.said[0] != 300_000 and time.perf_counter() < t0 + 30:
+        time.sleep(0.001)
+    assert first.said[0] == 300_000 and first.said[1] >= t0
+    words.put(transfer.CALLING)
+    first.thread.join(timeout=30)
+    assert not first.thread.is_alive() and first.said[0] == transfer.CALLING
     gone = transfer.listen(None, 0, until=transfer.CALLING)
     words.put(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
                            "[127.0.0.1]:29500. Extra words"))

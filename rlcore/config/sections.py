@@ -122,8 +122,9 @@ class RolloutConfig:
     load_lag_margin_blocked: float = 1.1
     # streaming, deterministic loads, one engine: the next batch goes to the trainers once it is complete and they are
     # done with their step, before the engine loads the version that step made; they start the next step with it and
-    # send that version at the engine's load point, joined between two of their micro-batches (told how far it is,
-    # they come at the poll where their wait there would be no longer than the engine's for one more micro-batch).
+    # send that version at the engine's load point, joined before or between two of their micro-batches (told how far
+    # it is, they come at the poll where their wait there, less what they waited in their step before, would be no
+    # longer than the engine's for one more micro-batch).
     # The load points and every number are the same either way; what changes is that the trainers no longer wait for
     # the lag.
     early_handover: bool = True

@@ -126,16 +126,21 @@ def exchange(link: Link, mine: dict) -> list[dict]:
 CALLING = -1  # the engine's last word to the trainers before a load, with the early hand-over: it begins (no distance)
 
 
-def listen(group, src: int, until: int | None = None) -> threading.Event:
+def listen(group, src: int, until: int | None = None, first: tuple[int, float] | None = None) -> threading.Event:
     """Set once `src` sends one number over `group`, which it keeps as `.number` (streaming: the trainers' "version
     v waits", or with the early hand-over "done, and our micro-batches take this long", to an engine's first rank,
     Link.ready). With `until`, it goes on receiving, `.number` and `.at` the latest (and `.said`, both as one pair
     another thread reads whole), until `src` sends `until` (the engine's "my load point is this far", told again at
-    each engine step, then its call: to the trainers, Link.calls).
+    each engine step, then its call: to the trainers, Link.calls). `first`: a (number, at) already heard another
+    way (the engine's word in the early hand-over's message), the latest until `src` sends one.
     A thread receives it: gloo's irecv only completes inside wait(), so polling it from a loop would never see it."""
     arrived = threading.Event()
     arrived.number, arrived.error, arrived.at = None, None, None  # at: when it arrived (time.perf_counter)
     arrived.said = (None, None)
+    if first is not None:
+        arrived.number, arrived.at = first
+        arrived.said = first
+        arrived.set()
 
     def receive() -> None:
         number = torch.zeros(1, dtype=torch.long)

@@ -54,16 +54,18 @@ Early hand-over (rollout.early_handover, one engine, deterministic loads). The n
 load comes the lag after its hand-over, so where batch v + 1 is complete before version v loads the trainers would
 wait out the lag's excess over their step. Instead they say when they are done with step v (Link.ready), and the
 engine, with batch v + 1 complete and nothing at load v that needs their state as it is (a checkpoint, an eval, an
-export, a stop, an error), gives it to them at its next step boundary (Engine.give). They start step v + 1 with it;
-once its load point is predicted within two of their micro-batches the engine tells them how far it is (Link.calls),
-again at each engine step after, and they join the load at the poll between two micro-batches where their wait for
-the engine would be no longer than its wait for them after one more micro-batch (rlcore.run.Trainer.poll; before its
-first optimizer step in any case), sending version v, which the step has not changed yet. The engine's decisions
+export, a stop, an error), gives it to them at its next step boundary (Engine.give), with how far its load point is.
+They start step v + 1 with it; once the point is predicted within two of their micro-batches the engine tells them
+again (Link.calls), and at each engine step after, and they join the load at the poll, before the step's first
+micro-batch or between two, where their wait for the engine, less what they waited in their step before (where they
+wait anyway, the engine is the slower side), would be no longer than its wait for them after one more micro-batch
+(rlcore.run.Trainer.poll; before its first optimizer step in any case), sending version v, which the step has not
+changed yet. The engine's decisions
 never read whether a batch went early (it lets go of the batch's groups at the hand-over proper), so the load points,
 the tokens and every number are the ones without it. A checkpoint at a load that followed an early give keeps the
-batch on the engine's side, and the resume hands it over again. At a load either side waits for at most half a
-micro-batch of the trainers' and what a prediction misses by (the engine's pace, the trainers' next micro-batch),
-where without it the trainers waited for the lag.
+batch on the engine's side, and the resume hands it over again. At a load the engine waits for at most half a
+micro-batch of the trainers' less their slack, and what a prediction misses by (the engine's pace, the trainers' next
+micro-batch), where without it the trainers waited for the lag.
 
 Tensor parallelism (T > 1). vLLM needs every rank of the engine to make the same engine calls between the same
 steps. The engine's first rank (the lead) runs the environments or agents, scores finished groups (its collectives

@@ -1,9 +1,9 @@
 """Streaming's early hand-over, the engine's side (rollout.early_handover; the design is in
 rlcore/modes/stream/__init__.py's docstring, the trainers' side in trainer_side.py). Where the next batch is complete
 before the engine loads the version the trainers' last step made, the trainers would wait out the lag: the engine
-gives them that batch first (`give`), tells them how far its load point is once it is predicted within two
-micro-batches of theirs and again at each engine step after (`tell_due`), and begins each load with a call they
-wait in (`call`). None of it changes what the engine decides: the load points, the tokens and every number are the
+gives them that batch first, with how far its load point is (`give`), tells them again once it is predicted within
+two micro-batches of theirs and at each engine step after (`tell_due`), and begins each load with a call they wait
+in (`call`). None of it changes what the engine decides: the load points, the tokens and every number are the
 ones without it.
 """
 from __future__ import annotations
@@ -48,14 +48,19 @@ class EarlyHandover:
         it and send version b - 1 at the engine's load point. Its groups stay the engine's until the hand-over proper
         (Engine.hand_over lets go of them), so a checkpoint before it keeps them. A batch whose agents failed is not
         given: the trainers wait for the load, whose control exchange stops the run."""
-        groups, share = list(range(e.P * (b - 1), e.P * b)), None
+        groups, share, left_us = list(range(e.P * (b - 1), e.P * b)), None, None
         if e.lead:
             share, e.pending[b] = e.turns.batch(groups, e.G, b - 1)
+            left = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
+            left_us = None if left is None else max(left // 1000, 0)
         if e.any_rank(e.turns.error is not None):
             e.pending.pop(b, None)
             return
+        # left_us: how far the load point of version b - 1 is, as `tell` says it, for the trainers' poll before the
+        # first micro-batch of step b (trainer_side.train_side: where the load point is nearer than half of it, they
+        # wait there instead of the engine waiting out the whole micro-batch)
         messages = exchange(e.link, {"next": "batch", "batch": share, "error": None, "stop": False,
-                                     "loop": e.loop.state})
+                                     "loop": e.loop.state, "left_us": left_us})
         if error_in(messages):
             raise RunError(error_in(messages))
         e.loop.state = trainers_state(e.run, messages)
@@ -71,9 +76,9 @@ class EarlyHandover:
         longest times between two micro-batches, or they were told before: the lead tells them how far it is (`tell`),
         again at each engine step (and while it waits for environments without a step, once per such time of
         theirs: they read it no more often), so that the last word they act on has the engine's latest pace. They
-        come to it at the poll where their wait there would be no longer than the engine's for them after one more
-        micro-batch (trainer_side.come), so that either side waits at most half a micro-batch of theirs and what the
-        prediction misses by. When, and what it says, do not change what the engine does."""
+        come to it at the poll where their wait there, less their slack, would be no longer than the engine's for
+        them after one more micro-batch (trainer_side.come), so that the engine waits at most half a micro-batch of
+        theirs and what the prediction misses by. When, and what it says, do not change what the engine does."""
         if not (e.lead and self.early(e.handed)):
             return False
         tick, at = self.told_at
@@ -88,8 +93,8 @@ class EarlyHandover:
 
     def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
-        had one, stops every rank here), or, holding batch v + 1, at the poll between two of its micro-batches
-        where they would wait there no longer than the engine for them after one more (`tell_due`; CALLING, told now,
+        had one, stops every rank here), or, holding batch v + 1, at the poll before or between its micro-batches
+        that `tell_due` says (CALLING, told now,
         ends the tells: the trainers come at their next poll)."""
         told, self.told = self.told, []
         if self.early(v) and e.lead:

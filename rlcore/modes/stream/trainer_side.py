@@ -68,21 +68,24 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     # rollout.early_handover: the version the engine has not loaded yet while the trainers hold the next batch, and
     # (first trainer rank) the event set once the engine says how far its load point is
     early, pending = link.calls is not None, {}
-    # early: this step's times between two polls (their longest is told to the engine), the last step's, and the wait
-    # at the load point joined in this step
-    gaps = {"last": 0.0, "max": 0.0, "step": [], "before": [], "joined_s": None}
+    # early: this step's times between two polls (their longest is told to the engine), the last step's, the wait
+    # at the load point joined in this step, and (slack) the trainers' waits in the step before
+    gaps = {"last": 0.0, "max": 0.0, "step": [], "before": [], "joined_s": None, "slack": 0.0}
 
-    def poll(final: bool) -> None:
-        """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll):
-        join its load once the engine has said how far it is and the trainers' wait there would be no longer than
-        the engine's for them after one more micro-batch (`come`; every trainer rank agrees on the first rank's
-        word), and before the step changes a weight in any case. The engine gives a batch early only when that load
-        needs no checkpoint, eval or export. What stops the run there is not this step's error: it leaves the loop."""
+    def poll(final: bool, first: bool = False) -> None:
+        """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll),
+        and before the first (`first`, on the word the early batch came with): join its load once the engine has
+        said how far it is and the trainers' wait there would be no longer than the engine's for them after one
+        more micro-batch (`come`; every trainer rank agrees on the first rank's word), and before the step changes a
+        weight in any case. The engine gives a batch early only when that load needs no checkpoint, eval or export.
+        What stops the run there is not this step's error: it leaves the loop."""
         now = time.perf_counter()
-        gaps["step"].append(now - gaps["last"])
-        gaps.update(max=max(gaps["max"], gaps["step"][-1]), last=now)
+        if not first:
+            gaps["step"].append(now - gaps["last"])
+            gaps.update(max=max(gaps["max"], gaps["step"][-1]), last=now)
         heard = pending.get("heard")
-        if not pending or not (final or all_max(int(heard is not None and come(heard, now, next_gap(gaps))))):
+        if not pending or not (final or all_max(int(heard is not None and
+                                                     come(heard, now, next_gap(gaps), gaps["slack"])))):
             return
         t, header = pending["t"], pending["header"]
         pending.clear()
@@ -114,6 +117,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         run.trainer.poll = poll if early else None
         gaps.update(last=t0, max=0.0, before=gaps["step"], step=[], joined_s=None)
         try:
+            if pending:  # a load point nearer than half the step's first micro-batch: wait for it there
+                poll(final=False, first=True)
             metrics = train_step(run, batch, t, k) | token_staleness(batch, t)
             loop.count(t, metrics)
             loop.check_skipped(t)
@@ -137,6 +142,7 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         # the wait before this step (the previous version's load point and transfer, the hand-over of this batch)
         metrics |= {"time/trainer_wait_s": idle["wait_s"],
                     "throughput/trainer_idle_share": idle["wait_s"] / max(now - idle["since"], 1e-9)}
+        gaps["slack"] = idle["wait_s"]
         idle.update(wait_s=0.0, since=now)
         # ready_s: from taking the batch to the version ready to send (rollout.load_lag_steps=auto measures it)
         header = {"version": t, "metrics": metrics, "error": error, "probe": probed, "ready_s": now - t0 - served}
@@ -151,8 +157,9 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
                 for sent in told:
                     sent.wait()
                 batch = my_slice(run, call, [call[0]["batch"]])
+                word = None if call[0].get("left_us") is None else (call[0]["left_us"], time.perf_counter())
                 pending.update(t=t, header=header,
-                               heard=listen(link.calls, leads[0], until=CALLING) if leader else None)
+                               heard=listen(link.calls, leads[0], until=CALLING, first=word) if leader else None)
                 continue
         waiting(send_weights, run, link, header)
         for sent in told:
@@ -171,22 +178,25 @@ def next_gap(gaps: dict) -> float:
     (the micro-batches of a step come in phases, the update's longer than the logprobs' forward)."""
     i = len(gaps["step"])
     before = gaps["before"][i] if i < len(gaps["before"]) else max(gaps["before"], default=0.0)
-    return max(gaps["step"][-1], before)
+    return max(gaps["step"][-1], before) if gaps["step"] else before
 
 
-def come(heard, now: float, gap: float) -> bool:
+def come(heard, now: float, gap: float, slack: float = 0.0) -> bool:
     """Whether to go to the engine's load point now: it last said how far it was (microseconds of predicted wall
-    time, `listen`'s number, at `heard.at`: `heard.said`), and the trainers' wait there now would be no longer than
-    the engine's for them if they ran their next micro-batch first (which takes `gap`); or it calls (the load
-    begins); or its lead is gone. Either wait costs a step the same where the best split of the GPUs balances the
-    engines' time with the trainers' (benchmarks/async_paper.py)."""
+    time, `listen`'s number, at `heard.at`: `heard.said`), and the trainers' wait there now, less their `slack`,
+    would be no longer than the engine's for them if they ran their next micro-batch first (which takes `gap`); or
+    it calls (the load begins); or its lead is gone. Either wait costs a step the same where the best split of the
+    GPUs balances the engines' time with the trainers' (benchmarks/async_paper.py). `slack`: what the trainers
+    waited in their step before (for its batch, at its load point). Where they wait that long a step anyway the
+    engine is the slower side: a wait of theirs up to it costs nothing (they then train their step after the load,
+    as without the early hand-over, in the time the lag gives them), and one of the engine's costs its wall time."""
     if not heard.is_set():
         return False
     if heard.error is not None:
         return True
     number, at = heard.said
     point = at + number / 1e6
-    return number == CALLING or point - now <= now + gap - point
+    return number == CALLING or point - now - slack <= now + gap - point
 
 
 class LoadFailed(Exception):
