@@ -75,9 +75,9 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
     def poll(final: bool, first: bool = False) -> None:
         """Between two micro-batches of the step after a version the engine has not loaded (rlcore.run.Trainer.poll),
         and before the first (`first`, on the word the early batch came with): join its load once the engine has
-        said how far it is and the trainers' wait there would be no longer than the engine's for them after one
-        more micro-batch (`come`; every trainer rank agrees on the first rank's word), and before the step changes a
-        weight in any case. The engine gives a batch early only when that load needs no checkpoint, eval or export.
+        said how far it is and the trainers' wait there, less their slack, would be no longer than the engine's for
+        them after one more micro-batch (`come`; every trainer rank agrees on the first rank's word), and before the
+        step changes a weight in any case. The engine gives a batch early only when that load needs no checkpoint, eval or export.
         What stops the run there is not this step's error: it leaves the loop."""
         now = time.perf_counter()
         if not first:
