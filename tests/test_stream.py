@@ -571,6 +571,41 @@ def test_the_engine_tells_once_a_step(monkeypatch):
     assert not pass_(13) and len(told) == 3
 
 
+def test_the_early_batch_comes_with_how_far_the_load_point_is(monkeypatch):
+    """EarlyHandover.give on the engine's lead: the batch's message says how far the load point of the version
+    before is, in microseconds, at the pace of the engine's steps so far (4 steps in 20 ms: 5 ms each, what
+    left_wall_ns is asked with); another rank of the engine says nothing, and while auto measures (no prediction)
+    neither does the lead. The trainers poll on that word before their first micro-batch."""
+    from types import SimpleNamespace as NS
+
+    from rlcore.modes.stream import early
+    sent, asked = [], []
+    monkeypatch.setattr(early, "exchange", lambda link, mine: sent.append(mine) or [{"batch": None}])
+    monkeypatch.setattr(early, "trainers_state", lambda run, messages: None)
+    monkeypatch.setattr(early, "received", lambda waiting: 40_000)
+    hand = early.EarlyHandover(NS(calls=object()))
+    hand.ran = [4, 0.02]
+    left = [123_456_789]
+
+    def left_wall_ns(blocked, step_ns):
+        asked.append((blocked, step_ns))
+        return left[0]
+
+    def engine(lead: bool):
+        return NS(P=2, G=2, lead=lead, pending={}, turns=NS(error=None, batch=lambda groups, G, v: ({"g": groups}, {})),
+                  any_rank=lambda flag: flag, link=None, loop=NS(state=None), run=None, waiting=None,
+                  waits=lambda: True, lag=NS(left_wall_ns=left_wall_ns))
+
+    hand.give(engine(True), 4)
+    assert sent[-1]["left_us"] == 123_456 and sent[-1]["batch"] == {"g": [6, 7]} and asked == [(True, 5_000_000)]
+    assert hand.given == 4 and hand.gap_ns == 40_000_000
+    hand.give(engine(False), 5)
+    assert sent[-1]["left_us"] is None and len(asked) == 1
+    left[0] = None
+    hand.give(engine(True), 6)
+    assert sent[-1]["left_us"] is None
+
+
 def test_a_load_lets_admission_start_what_it_may_first(one_rank):
     """The engine's decision at a step boundary after a hand-over (Engine.load_due), on its own state: batches of
     2 groups of 4, 8 slots, k=2, a fixed lag of 3 steps not yet spent. With nothing in flight and batch 7's first
