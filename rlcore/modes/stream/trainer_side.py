@@ -153,11 +153,13 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         told = [tell(link.ready, lead, said) for lead in leads] if link.ready is not None and leader else []
         if early:
             call = waiting(agree, {}, error)  # the engine's next exchange: batch t + 1, or the load of version t
+            # the engine's word with the batch, at the exchange's end (it said it before: later by the exchange)
+            left_us, at = call[0].get("left_us"), time.perf_counter()
             if call[0]["next"] == "batch":
                 for sent in told:
                     sent.wait()
                 batch = my_slice(run, call, [call[0]["batch"]])
-                word = None if call[0].get("left_us") is None else (call[0]["left_us"], time.perf_counter())
+                word = None if left_us is None else (left_us, at)
                 pending.update(t=t, header=header,
                                heard=listen(link.calls, leads[0], until=CALLING, first=word) if leader else None)
                 continue
