@@ -60,9 +60,8 @@ again (Link.calls), and at each engine step after, and they join the load at the
 micro-batch or between two, where their wait for the engine, less what they waited in their step before (where they
 wait anyway, the engine is the slower side), would be no longer than its wait for them after one more micro-batch
 (rlcore.run.Trainer.poll; before its first optimizer step in any case), sending version v, which the step has not
-changed yet. The engine's decisions
-never read whether a batch went early (it lets go of the batch's groups at the hand-over proper), so the load points,
-the tokens and every number are the ones without it. A checkpoint at a load that followed an early give keeps the
+changed yet. The engine's decisions never read whether a batch went early (it lets go of the batch's groups at the
+hand-over proper), so the load points, the tokens and every number are the ones without it. A checkpoint at a load that followed an early give keeps the
 batch on the engine's side, and the resume hands it over again. At a load the engine waits for at most half a
 micro-batch of the trainers' less their slack, and what a prediction misses by (the engine's pace, the trainers' next
 micro-batch), where without it the trainers waited for the lag.

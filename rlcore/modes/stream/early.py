@@ -51,14 +51,13 @@ class EarlyHandover:
         groups, share, left_us = list(range(e.P * (b - 1), e.P * b)), None, None
         if e.lead:
             share, e.pending[b] = e.turns.batch(groups, e.G, b - 1)
-            left = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
+            left = self.left_wall_ns(e)
             left_us = None if left is None else max(left // 1000, 0)
         if e.any_rank(e.turns.error is not None):
             e.pending.pop(b, None)
             return
         # left_us: how far the load point of version b - 1 is, as `tell` says it, for the trainers' poll before the
-        # first micro-batch of step b (trainer_side.train_side: where the load point is nearer than half of it, they
-        # wait there instead of the engine waiting out the whole micro-batch)
+        # first micro-batch of step b (trainer_side.train_side)
         messages = exchange(e.link, {"next": "batch", "batch": share, "error": None, "stop": False,
                                      "loop": e.loop.state, "left_us": left_us})
         if error_in(messages):
@@ -84,8 +83,13 @@ class EarlyHandover:
         tick, at = self.told_at
         if self.told and tick == e.turns.tick and time.perf_counter_ns() - at < self.gap_ns:
             return False
-        self.left_ns = e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
+        self.left_ns = self.left_wall_ns(e)
         return self.left_ns is not None and (bool(self.told) or self.left_ns <= 2 * self.gap_ns)
+
+    def left_wall_ns(self, e) -> int | None:
+        """How far the load point of version `handed` is, in wall time (LoadLag.left_wall_ns, a fixed lag's steps at
+        the mean of the engine's steps so far)."""
+        return e.lag.left_wall_ns(e.waits(), round(self.ran[1] / max(self.ran[0], 1) * 1e9))
 
     def tell(self, e) -> None:
         self.told_at = (e.turns.tick, time.perf_counter_ns())
@@ -94,8 +98,7 @@ class EarlyHandover:
     def call(self, e, v: int) -> None:
         """The load of version v begins with an exchange the trainers wait in: after their step v (their error, if it
         had one, stops every rank here), or, holding batch v + 1, at the poll before or between its micro-batches
-        that `tell_due` says (CALLING, told now,
-        ends the tells: the trainers come at their next poll)."""
+        that `tell_due` says (CALLING, told now, ends the tells: the trainers come at their next poll)."""
         told, self.told = self.told, []
         if self.early(v) and e.lead:
             told.append(tell(e.link.calls, e.link.leader, CALLING))

@@ -77,8 +77,8 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         and before the first (`first`, on the word the early batch came with): join its load once the engine has
         said how far it is and the trainers' wait there, less their slack, would be no longer than the engine's for
         them after one more micro-batch (`come`; every trainer rank agrees on the first rank's word), and before the
-        step changes a weight in any case. The engine gives a batch early only when that load needs no checkpoint, eval or export.
-        What stops the run there is not this step's error: it leaves the loop."""
+        step changes a weight in any case. The engine gives a batch early only when that load needs no checkpoint,
+        eval or export. What stops the run there is not this step's error: it leaves the loop."""
         now = time.perf_counter()
         if not first:
             gaps["step"].append(now - gaps["last"])
@@ -153,13 +153,12 @@ def train_side(run: Run, link: Link, loop: Loop) -> None:
         told = [tell(link.ready, lead, said) for lead in leads] if link.ready is not None and leader else []
         if early:
             call = waiting(agree, {}, error)  # the engine's next exchange: batch t + 1, or the load of version t
-            # the engine's word with the batch, at the exchange's end (it said it before: later by the exchange)
-            left_us, at = call[0].get("left_us"), time.perf_counter()
             if call[0]["next"] == "batch":
+                # the engine's word with the batch, timed at the exchange's end (it said it before: by the exchange)
+                word = None if call[0]["left_us"] is None else (call[0]["left_us"], time.perf_counter())
                 for sent in told:
                     sent.wait()
                 batch = my_slice(run, call, [call[0]["batch"]])
-                word = None if left_us is None else (left_us, at)
                 pending.update(t=t, header=header,
                                heard=listen(link.calls, leads[0], until=CALLING, first=word) if leader else None)
                 continue
